@@ -1,0 +1,111 @@
+"""Agent definitions and the registry workers and local systems resolve names against."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dormant.errors import ConfigurationError, UnknownAgent
+from dormant.messages import EVENT_TOOL_NAME
+from dormant.models.base import Model, ModelSettings, ToolSpec
+from dormant.tools.base import Tool
+from dormant.tools.builtins import BUILTINS
+
+__all__ = ["Agent", "AgentRegistry", "Steering"]
+
+Steering = Literal["enqueue", "interrupt", "reject"]
+
+
+@dataclass(frozen=True)
+class Agent:
+    """A named agent: its model, instructions and tools (the built-ins are always added).
+
+    ``model`` is a ``Model`` or a registry string such as ``"openai:gpt-4.1-mini"``,
+    resolved when a slice first needs it. ``compact_at`` is the share of the model's
+    context window past which the next slice compacts the history.
+    """
+
+    name: str
+    model: Model | str
+    instructions: str = ""
+    tools: Sequence[Tool] = ()
+    model_settings: ModelSettings = field(default_factory=ModelSettings)
+    compact_at: float = 0.75
+    steering: Steering = "enqueue"
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ConfigurationError(f"agent name {self.name!r} must be letters, digits, - or _")
+        names = [t.name for t in self.tools]
+        duplicates = sorted({n for n in names if names.count(n) > 1})
+        if duplicates:
+            raise ConfigurationError(f"agent {self.name!r} has duplicate tools: {duplicates}")
+        clashes = sorted(set(names) & (set(BUILTINS) | {EVENT_TOOL_NAME}))
+        if clashes:
+            raise ConfigurationError(f"agent {self.name!r} tools use reserved names: {clashes}")
+        if not 0 < self.compact_at <= 1:
+            raise ConfigurationError(f"agent {self.name!r}: compact_at must be in (0, 1]")
+
+    def tool(self, name: str) -> Tool | None:
+        """The tool called ``name`` (built-ins included); never the reserved event name."""
+        for t in self.tools:
+            if t.name == name:
+                return t
+        return BUILTINS.get(name)
+
+    def specs(self) -> list[ToolSpec]:
+        """What the model is offered: the agent's tools, then the built-ins."""
+        return [t.spec() for t in self.tools] + [t.spec() for t in BUILTINS.values()]
+
+    def resolved_model(self) -> Model:
+        if isinstance(self.model, str):
+            from dormant.models.registry import resolve_model
+
+            return resolve_model(self.model)
+        return self.model
+
+
+class AgentRegistry(Mapping[str, Agent]):
+    """Agents by name; ``get_agent`` raises ``UnknownAgent`` naming what is registered."""
+
+    def __init__(self, agents: Iterable[Agent] = ()) -> None:
+        self._agents: dict[str, Agent] = {}
+        for agent in agents:
+            self.add(agent)
+
+    def add(self, agent: Agent) -> None:
+        if agent.name in self._agents and self._agents[agent.name] is not agent:
+            raise ConfigurationError(f"two different agents are named {agent.name!r}")
+        self._agents[agent.name] = agent
+
+    def get_agent(self, name: str) -> Agent:
+        try:
+            return self._agents[name]
+        except KeyError:
+            raise UnknownAgent(name, list(self._agents)) from None
+
+    def __getitem__(self, name: str) -> Agent:
+        return self._agents[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._agents)
+
+    def __len__(self) -> int:
+        return len(self._agents)
+
+    @classmethod
+    def from_module(cls, path: str) -> AgentRegistry:
+        """Every ``Agent`` defined at the top level of the module at ``path`` (``myapp.agents``);
+        a module may instead define ``AGENTS``, a list of agents."""
+        try:
+            module = importlib.import_module(path)
+        except ImportError as error:
+            raise ConfigurationError(f"cannot import agents module {path!r}: {error}") from error
+        agents = getattr(module, "AGENTS", None)
+        if agents is None:
+            agents = [v for v in vars(module).values() if isinstance(v, Agent)]
+        if not agents:
+            raise ConfigurationError(f"module {path!r} defines no Agent")
+        return cls(agents)

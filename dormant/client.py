@@ -1,0 +1,218 @@
+"""The client surface shared by ``LocalSystem`` and ``Client``: launch, send, deliver, read.
+
+``Client`` needs only URLs: it writes the inbox row and sends the slice task by name, so a
+Django or Flask process needs none of the agents' tool code.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from dormant.agents import AgentRegistry
+from dormant.errors import DuplicateMessage, PayloadTooLarge
+from dormant.history import pending
+from dormant.messages import (
+    Event,
+    EventMessage,
+    Inbound,
+    Item,
+    ToolResultMessage,
+    UserMessage,
+)
+from dormant.settings import Settings
+from dormant.stores.base import (
+    DedupSet,
+    NewThread,
+    NewTimer,
+    Priority,
+    Store,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+)
+from dormant.tokens import callback_url, parse_callback_url, verify
+from dormant.tools.runner import as_text
+
+__all__ = ["BaseClient", "Waker"]
+
+Waker = Callable[[str, int], None]
+"""Arranges a slice for (thread_id, priority)."""
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+class BaseClient(ABC):
+    """Everything a caller does to threads, over a store, a dedup set and a waker."""
+
+    def __init__(
+        self,
+        store: Store,
+        dedup: DedupSet,
+        settings: Settings,
+        agents: AgentRegistry | None = None,
+    ) -> None:
+        self.store = store
+        self.dedup = dedup
+        self.settings = settings
+        self.agents = agents
+
+    @abstractmethod
+    def wake(self, thread_id: str, priority: int) -> None:
+        """Arrange for a slice of ``thread_id`` to run."""
+
+    @abstractmethod
+    def events(self, thread_id: str) -> list[Event]:
+        """Recent live events of ``thread_id``."""
+
+    # writing ----------------------------------------------------------------------------
+
+    def launch(
+        self,
+        agent: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> str:
+        """Start a thread of ``agent`` with user ``text``; returns the thread id."""
+        if self.agents is not None:
+            self.agents.get_agent(agent)
+        self._check_size(thread_id or "(new)", text)
+        thread = self.store.create_thread(
+            NewThread(id=thread_id or f"thr_{uuid.uuid4().hex[:20]}", agent=agent, metadata=metadata or {})
+        )
+        self._enqueue(thread.id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
+        return thread.id
+
+    def send(self, thread_id: str, text: str, *, message_id: str | None = None) -> str:
+        """Queue user text for a thread; returns the message id."""
+        self._check_size(thread_id, text)
+        return self._enqueue(thread_id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
+
+    def deliver(
+        self,
+        thread_id: str,
+        call_id: str,
+        result: Any,
+        *,
+        message_id: str | None = None,
+        token: str | None = None,
+        is_error: bool = False,
+    ) -> str:
+        """Deliver a result (or, on an active subscription, an event) for ``call_id``.
+
+        With ``token`` the call is a callback and the token must verify; without it the
+        caller is trusted (in-process code). Returns the message id.
+        """
+        if token is not None:
+            verify(self.settings.secret_keys, token, thread_id, call_id, time.time())
+        content = as_text(result)
+        self._check_size(thread_id, content)
+        message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
+        return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND)
+
+    def deliver_callback(self, url: str, result: Any, *, message_id: str | None = None) -> str:
+        """Deliver through a callback URL a tool was given (token checked)."""
+        thread_id, call_id, token = parse_callback_url(url)
+        return self.deliver(thread_id, call_id, result, message_id=message_id, token=token)
+
+    def send_event(
+        self,
+        thread_id: str,
+        call_id: str,
+        content: Any,
+        *,
+        associative: bool = False,
+        final: bool = False,
+        message_id: str | None = None,
+    ) -> str:
+        """Send an event on a subscription call."""
+        text = as_text(content)
+        self._check_size(thread_id, text)
+        message = EventMessage(call_id=call_id, content=text, associative=associative, final=final)
+        return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND)
+
+    def retry(self, thread_id: str) -> ThreadInfo:
+        """Re-drive a stalled thread: its queued messages are applied again."""
+        snap = self.store.load(thread_id)
+        thread = snap.thread
+        if thread.status is ThreadStatus.STALLED:
+            status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
+            thread = self.store.set_status(thread_id, status)
+        self.wake(thread_id, Priority.INTERACTIVE)
+        return thread
+
+    # reading ----------------------------------------------------------------------------
+
+    def history(self, thread_id: str) -> list[Item]:
+        return [stored.item for stored in self.store.history(thread_id)]
+
+    def stored_history(self, thread_id: str) -> list[StoredItem]:
+        return self.store.history(thread_id)
+
+    def thread(self, thread_id: str) -> ThreadInfo:
+        return self.store.thread(thread_id)
+
+    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+        return self.store.threads(status, limit)
+
+    def callback_url(self, thread_id: str, call_id: str) -> str:
+        expires = int(time.time() + self.settings.token_ttl_s)
+        return callback_url(
+            self.settings.callback_base_url, self.settings.secret_keys, thread_id, call_id, expires
+        )
+
+    # the ToolSink protocol (what running tools send) -------------------------------------
+
+    def tool_result(self, thread_id: str, call_id: str, content: str, *, is_error: bool = False) -> None:
+        try:
+            self.deliver(thread_id, call_id, content, message_id=f"result:{call_id}", is_error=is_error)
+        except DuplicateMessage:
+            pass  # a re-dispatched tool answering twice: the first answer stands
+
+    def tool_event(
+        self,
+        thread_id: str,
+        call_id: str,
+        content: str,
+        *,
+        associative: bool,
+        final: bool,
+        message_id: str | None,
+    ) -> None:
+        try:
+            self.send_event(
+                thread_id, call_id, content, associative=associative, final=final, message_id=message_id
+            )
+        except DuplicateMessage:
+            pass
+
+    def tool_schedule(self, thread_id: str, call_id: str, content: str, at: datetime) -> None:
+        message = EventMessage(call_id=call_id, content=content)
+        self.store.add_timer(thread_id, NewTimer(call_id, at, f"schedule:{uuid.uuid4().hex}", message))
+
+    # internals --------------------------------------------------------------------------
+
+    def _check_size(self, thread_id: str, text: str) -> None:
+        size = len(text.encode())
+        if size > self.settings.max_message_bytes:
+            raise PayloadTooLarge(
+                f"message for thread {thread_id!r} is {size} bytes; "
+                f"the limit is {self.settings.max_message_bytes}"
+            )
+
+    def _enqueue(self, thread_id: str, message_id: str | None, message: Inbound, priority: int) -> str:
+        message_id = message_id or new_message_id()
+        if self.dedup.seen(thread_id, message_id):
+            raise DuplicateMessage(thread_id, message_id)
+        self.store.enqueue(thread_id, message_id, message, priority)
+        self.wake(thread_id, priority)
+        return message_id

@@ -1,0 +1,153 @@
+"""Every error dormant raises, under one root.
+
+    DormantError
+    ├── ConfigurationError          bad settings, unknown agent, missing secret key
+    ├── NotFound
+    │   ├── UnknownThread
+    │   ├── UnknownCall
+    │   └── UnknownAgent
+    ├── MessageRejected             the sender's input was refused; nothing was stored
+    │   ├── ThreadClosed
+    │   ├── SubscriptionCancelled
+    │   ├── InvalidToken            forged, altered or expired callback capability
+    │   ├── PayloadTooLarge
+    │   ├── MalformedMessage
+    │   └── DuplicateMessage        the message id was already received
+    ├── ModelError                  the provider failed
+    │   ├── ModelRetryable          rate limit, 5xx, dropped or truncated stream
+    │   └── ModelFatal              bad request, auth: retrying cannot help
+    └── ControlSignal               not failures: control flow between layers
+        ├── LeaseLost               another slice owns the thread now
+        └── CrashPoint              raised at an armed test crash point
+
+Every message names the offending id, so a log line is enough to find the thread.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ConfigurationError",
+    "ControlSignal",
+    "CrashPoint",
+    "DormantError",
+    "DuplicateMessage",
+    "InvalidToken",
+    "LeaseLost",
+    "MalformedMessage",
+    "MessageRejected",
+    "ModelError",
+    "ModelFatal",
+    "ModelRetryable",
+    "NotFound",
+    "PayloadTooLarge",
+    "SubscriptionCancelled",
+    "ThreadClosed",
+    "UnknownAgent",
+    "UnknownCall",
+    "UnknownThread",
+]
+
+
+class DormantError(Exception):
+    """The root of every error dormant raises."""
+
+
+class ConfigurationError(DormantError):
+    pass
+
+
+class NotFound(DormantError):
+    pass
+
+
+class UnknownThread(NotFound):
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(f"unknown thread {thread_id!r}")
+        self.thread_id = thread_id
+
+
+class UnknownCall(NotFound):
+    def __init__(self, thread_id: str, call_id: str) -> None:
+        super().__init__(f"thread {thread_id!r} never made call {call_id!r}")
+        self.thread_id = thread_id
+        self.call_id = call_id
+
+
+class UnknownAgent(NotFound, ConfigurationError):
+    def __init__(self, name: str, known: list[str]) -> None:
+        super().__init__(f"unknown agent {name!r}; registered: {', '.join(sorted(known)) or 'none'}")
+        self.name = name
+
+
+class MessageRejected(DormantError):
+    """Input refused before it reached the history; ``reason`` is what the sender sees."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ThreadClosed(MessageRejected):
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(f"thread {thread_id!r} is closed")
+        self.thread_id = thread_id
+
+
+class SubscriptionCancelled(MessageRejected):
+    def __init__(self, thread_id: str, call_id: str) -> None:
+        super().__init__(f"subscription {call_id!r} of thread {thread_id!r} was cancelled")
+        self.thread_id = thread_id
+        self.call_id = call_id
+
+
+class InvalidToken(MessageRejected):
+    pass
+
+
+class PayloadTooLarge(MessageRejected):
+    pass
+
+
+class MalformedMessage(MessageRejected):
+    pass
+
+
+class DuplicateMessage(MessageRejected):
+    def __init__(self, thread_id: str, message_id: str) -> None:
+        super().__init__(f"message {message_id!r} was already received by thread {thread_id!r}")
+        self.thread_id = thread_id
+        self.message_id = message_id
+
+
+class ModelError(DormantError):
+    pass
+
+
+class ModelRetryable(ModelError):
+    """A failure worth retrying; ``retry_after_s`` is the provider's hint, if it gave one."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class ModelFatal(ModelError):
+    pass
+
+
+class ControlSignal(DormantError):
+    pass
+
+
+class LeaseLost(ControlSignal):
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(f"lease on thread {thread_id!r} was lost to another slice")
+        self.thread_id = thread_id
+
+
+class CrashPoint(ControlSignal):
+    """Raised at an armed crash point (tests only); Celery workers turn it into SIGKILL."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"crash point {name!r} reached")
+        self.name = name

@@ -1,0 +1,217 @@
+"""Pure history rules: apply a thread's pending inbox rows to its history.
+
+No I/O here. ``apply_inbox`` takes what a slice loaded and returns what to write: new
+items, changed call states and the fate of each inbox row (done, rejected, still deferred).
+
+The rules (DESIGN section 5):
+
+- The first result for a pending call answers it. A later result is an event if the call
+  is an active subscription, a "late result" event if the call was interrupted, and a
+  duplicate otherwise.
+- Events are shown as one ``EventShown`` row (a synthetic call and its result).
+- While a non-passive call is pending, events and reports are deferred, in order, until
+  every pending call is answered; a batch that does not settle the call flushes nothing.
+- An event that arrives while only passive calls (sleep, wait_for_event) are pending wakes
+  the thread: those calls are answered first.
+- User text interrupts every pending call, then is appended.
+- Messages for unknown calls, cancelled subscriptions or a closed thread are rejected.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from dormant.messages import (
+    ChildReport,
+    EventMessage,
+    EventShown,
+    Item,
+    ParentMessage,
+    ToolResult,
+    ToolResultMessage,
+    UserMessage,
+    UserText,
+)
+from dormant.stores.base import CallRecord, CallState, InboxRow, ThreadInfo, ThreadStatus
+
+__all__ = [
+    "INTERRUPTED",
+    "Applied",
+    "apply_inbox",
+    "new_call_id",
+    "pending",
+]
+
+INTERRUPTED = "interrupted by the user"
+WOKEN_BY_EVENT = "woken up: an event arrived"
+
+
+def new_call_id() -> str:
+    return f"evt_{uuid.uuid4().hex[:20]}"
+
+
+def pending(calls: dict[str, CallRecord]) -> list[CallRecord]:
+    """The calls still waiting for their first result, in call order."""
+    return sorted((c for c in calls.values() if c.state is CallState.PENDING), key=lambda c: c.seq)
+
+
+@dataclass
+class Applied:
+    """What applying the inbox decided; the slice turns it into a ``Commit``."""
+
+    items: list[tuple[str, Item]] = field(default_factory=list)
+    calls: dict[str, CallRecord] = field(default_factory=dict)
+    changed: set[str] = field(default_factory=set)
+    done: list[int] = field(default_factory=list)
+    rejected: list[tuple[InboxRow, str]] = field(default_factory=list)
+    deferred: list[InboxRow] = field(default_factory=list)
+    woke: bool = False
+    """Something arrived that the model should see."""
+
+    @property
+    def needs_completion(self) -> bool:
+        return self.woke and not pending(self.calls)
+
+    def set_state(self, call: CallRecord, state: CallState) -> None:
+        self.calls[call.call_id] = replace(call, state=state)
+        self.changed.add(call.call_id)
+
+
+def apply_inbox(
+    thread: ThreadInfo,
+    calls: dict[str, CallRecord],
+    inbox: list[InboxRow],
+    new_id: Callable[[], str] = new_call_id,
+) -> Applied:
+    """Apply ``inbox`` (pending rows, in inbox order) to a thread with ``calls``."""
+    out = Applied(calls=dict(calls))
+    if thread.status is ThreadStatus.CLOSED:
+        out.rejected = [(row, f"thread {thread.id!r} is closed") for row in inbox]
+        return out
+    rules = _Rules(thread.id, out, new_id)
+    for row in inbox:
+        rules.apply(row)
+    # Deferred rows go after the batch that settled the pending calls, in their own order.
+    while out.deferred and not _blocking(out.calls):
+        waiting, out.deferred = out.deferred, []
+        for row in waiting:
+            rules.apply(row)
+    return out
+
+
+def _blocking(calls: dict[str, CallRecord]) -> bool:
+    return any(not c.passive for c in pending(calls))
+
+
+@dataclass
+class _Rules:
+    thread_id: str
+    out: Applied
+    new_id: Callable[[], str]
+
+    def apply(self, row: InboxRow) -> None:
+        match row.message:
+            case UserMessage(text=text):
+                self._interrupt_pending()
+                self._append(row, UserText(text=text))
+            case ToolResultMessage() as result:
+                self._result(row, result)
+            case EventMessage(call_id=call_id, content=content, final=final):
+                self._event(row, call_id, content, final=final)
+            case ChildReport(call_id=call_id, content=content) | ParentMessage(
+                call_id=call_id, content=content
+            ):
+                self._event(row, call_id, content, final=False)
+
+    def _result(self, row: InboxRow, result: ToolResultMessage) -> None:
+        call = self._call(row, result.call_id)
+        if call is None:
+            return
+        match call.state:
+            case CallState.PENDING:
+                self.out.set_state(
+                    call, CallState.SUBSCRIBED if call.subscription else CallState.ANSWERED
+                )
+                self._append(
+                    row,
+                    ToolResult(
+                        call_id=call.call_id,
+                        name=call.name,
+                        content=result.content,
+                        is_error=result.is_error,
+                    ),
+                )
+            case CallState.INTERRUPTED if call.passive:
+                # A sleep's timer racing its interruption carries no news: nothing to show.
+                self._skip(row, f"late wake-up for interrupted call {call.call_id!r}")
+            case CallState.INTERRUPTED:
+                # Never drop a real result: show it as a late event on that call.
+                self._event(row, call.call_id, f"late result: {result.content}", final=False)
+            case CallState.SUBSCRIBED:
+                self._event(row, call.call_id, result.content, final=False)
+            case CallState.CANCELLED:
+                self._reject(row, f"subscription {call.call_id!r} is no longer active")
+            case CallState.ANSWERED:
+                self._skip(row, f"duplicate: call {call.call_id!r} was already answered")
+
+    def _event(self, row: InboxRow, call_id: str, content: str, *, final: bool) -> None:
+        call = self._call(row, call_id)
+        if call is None:
+            return
+        if call.state is CallState.CANCELLED:
+            self._reject(row, f"subscription {call_id!r} is no longer active")
+            return
+        if call.state is CallState.ANSWERED and not call.subscription and call.name != "spawn_thread":
+            self._reject(row, f"call {call_id!r} is not a subscription and is already answered")
+            return
+        if _blocking(self.out.calls):
+            self.out.deferred.append(row)
+            return
+        self._wake_passive()
+        if call.state is CallState.INTERRUPTED:
+            # A late first result: from now on the call is answered (or a live subscription).
+            self.out.set_state(call, CallState.SUBSCRIBED if call.subscription else CallState.ANSWERED)
+        if final and call.subscription:
+            self.out.set_state(self.out.calls[call_id], CallState.CANCELLED)
+        shown = EventShown(
+            call_id=self.new_id(),
+            original_call_id=call.call_id,
+            original_name=call.name,
+            original_args=call.args,
+            content=content,
+        )
+        self._append(row, shown)
+
+    def _call(self, row: InboxRow, call_id: str) -> CallRecord | None:
+        call = self.out.calls.get(call_id)
+        if call is None:
+            self._reject(row, f"thread {self.thread_id!r} never made call {call_id!r}")
+        return call
+
+    def _interrupt_pending(self) -> None:
+        for call in pending(self.out.calls):
+            self.out.set_state(call, CallState.INTERRUPTED)
+            self.out.items.append(
+                (f"{call.call_id}:interrupted", ToolResult(call_id=call.call_id, name=call.name, content=INTERRUPTED))
+            )
+
+    def _wake_passive(self) -> None:
+        for call in pending(self.out.calls):
+            if call.passive:
+                self.out.set_state(call, CallState.ANSWERED)
+                self.out.items.append(
+                    (f"{call.call_id}:woken", ToolResult(call_id=call.call_id, name=call.name, content=WOKEN_BY_EVENT))
+                )
+
+    def _append(self, row: InboxRow, item: Item) -> None:
+        self.out.items.append((row.message_id, item))
+        self.out.done.append(row.id)
+        self.out.woke = True
+
+    def _skip(self, row: InboxRow, _reason: str) -> None:
+        self.out.done.append(row.id)
+
+    def _reject(self, row: InboxRow, reason: str) -> None:
+        self.out.rejected.append((row, reason))

@@ -1,0 +1,235 @@
+"""``LocalSystem``: the embedded runtime; one process, SQLite or memory, no servers.
+
+Slices and tools run on a thread pool; a sweeper thread fires due timers, re-dispatches
+outbox rows a crash left behind and re-wakes threads with unapplied inbox rows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from types import TracebackType
+
+from dormant.agents import Agent, AgentRegistry
+from dormant.client import BaseClient
+from dormant.errors import DormantError
+from dormant.messages import Chunk, Event
+from dormant.settings import Settings
+from dormant.slice import SliceDeps, SliceOutcome, run_slice
+from dormant.stores.base import OutboxRow, Store
+from dormant.stores.memory import MemoryStore
+from dormant.stores.memory_sync import MemoryDedup, MemoryLease
+from dormant.tools.runner import execute_outbox
+
+__all__ = ["LocalSystem", "open_store"]
+
+log = logging.getLogger("dormant.local")
+
+Listener = Callable[[Event], None]
+
+
+def open_store(database_url: str) -> Store:
+    """A store for ``database_url``: ``memory://`` or an SQL URL (migrated to head)."""
+    if database_url.startswith("memory:"):
+        return MemoryStore()
+    from dormant.stores.sql import SQLStore, upgrade
+
+    upgrade(database_url)
+    return SQLStore(database_url)
+
+
+class _EventLog:
+    """Keeps recent events per thread (not chunks) and fans every event out to listeners."""
+
+    def __init__(self, per_thread: int = 500) -> None:
+        self._lock = threading.Lock()
+        self._events: dict[str, deque[Event]] = defaultdict(lambda: deque(maxlen=per_thread))
+        self.listeners: list[Listener] = []
+
+    def publish(self, event: Event) -> None:
+        if not isinstance(event, Chunk):
+            with self._lock:
+                self._events[event.thread_id].append(event)
+        for listener in self.listeners:
+            listener(event)
+
+    def recent(self, thread_id: str) -> list[Event]:
+        with self._lock:
+            return list(self._events.get(thread_id, ()))
+
+
+class LocalSystem(BaseClient):
+    """Agents in this process. Use as a context manager, or call ``close()``.
+
+    ``database_url`` is ``"sqlite:///dormant.db"`` (the default), any SQLAlchemy URL, or
+    ``"memory://"``.
+    """
+
+    def __init__(
+        self,
+        agents: Iterable[Agent],
+        database_url: str = "sqlite:///dormant.db",
+        *,
+        settings: Settings | None = None,
+        store: Store | None = None,
+        workers: int = 4,
+    ) -> None:
+        settings = (settings or Settings(database_url=database_url)).with_ephemeral_secret()
+        registry = agents if isinstance(agents, AgentRegistry) else AgentRegistry(agents)
+        super().__init__(store or open_store(database_url), MemoryDedup(), settings, registry)
+        self.lease = MemoryLease()
+        self._log = _EventLog()
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dormant")
+        self._lock = threading.Lock()
+        self._queued: set[str] = set()
+        self._in_flight = 0
+        self._idle = threading.Condition(self._lock)
+        self._errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._nudge = threading.Event()
+        self.slices_run = 0
+        self.deps = SliceDeps(
+            store=self.store,
+            lease=self.lease,
+            dedup=self.dedup,
+            dispatcher=self,
+            events=self._log,
+            agents=registry,
+            settings=settings,
+        )
+        self._sweeper = threading.Thread(target=self._sweep_loop, name="dormant-sweeper", daemon=True)
+        self._sweeper.start()
+
+    # lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> LocalSystem:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop the sweeper, let running slices and tools finish, close the store."""
+        self._stop.set()
+        self._nudge.set()
+        self._sweeper.join()
+        self._pool.shutdown(wait=True)
+        self.store.close()
+
+    def on_event(self, listener: Listener) -> None:
+        """Call ``listener`` with every live event (chunks included), on worker threads."""
+        self._log.listeners.append(listener)
+
+    def events(self, thread_id: str) -> list[Event]:
+        return self._log.recent(thread_id)
+
+    # the Dispatcher protocol -------------------------------------------------------------
+
+    def wake(self, thread_id: str, priority: int) -> None:
+        with self._lock:
+            if thread_id in self._queued:
+                return  # one queued slice drains everything queued before it starts
+            self._queued.add(thread_id)
+        self._submit(self._run_slice, thread_id)
+
+    def dispatch(self, row: OutboxRow) -> None:
+        self._submit(self._run_tool, row)
+
+    # running --------------------------------------------------------------------------
+
+    def run_until_idle(self, timeout_s: float = 10.0) -> None:
+        """Block until nothing is runnable: no slice or tool running, no due timer,
+        no unapplied message. Future timers do not count. Raises ``TimeoutError``."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._idle:
+                while self._in_flight:
+                    if not self._idle.wait(timeout=max(0.0, deadline - time.monotonic())):
+                        raise TimeoutError(f"still busy after {timeout_s} s")
+            self._raise_errors()
+            if not self._sweep_once(grace_s=0.0):
+                with self._lock:
+                    if not self._in_flight:
+                        return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"still busy after {timeout_s} s")
+
+    def run_slice(self, thread_id: str) -> SliceOutcome:
+        """Run one slice now, on this thread (tests and debugging)."""
+        return run_slice(thread_id, self.deps)
+
+    def _run_slice(self, thread_id: str) -> None:
+        with self._lock:
+            self._queued.discard(thread_id)
+        run_slice(thread_id, self.deps)
+        with self._lock:
+            self.slices_run += 1
+
+    def _run_tool(self, row: OutboxRow) -> None:
+        execute_outbox(row, self.store, self.deps.agents, self, self.callback_url, self.deps.crash)
+
+    def _submit(self, fn: Callable[..., None], arg: object) -> None:
+        with self._lock:
+            self._in_flight += 1
+        future: Future[None] = self._pool.submit(fn, arg)
+        future.add_done_callback(self._finished)
+
+    def _finished(self, future: Future[None]) -> None:
+        error = future.exception()
+        with self._idle:
+            if error is not None:
+                log.error("background task failed", exc_info=error)
+                self._errors.append(error)
+            self._in_flight -= 1
+            self._idle.notify_all()
+
+    def _raise_errors(self) -> None:
+        with self._lock:
+            errors, self._errors = self._errors, []
+        if errors:
+            first = errors[0]
+            if isinstance(first, DormantError):
+                raise first
+            raise RuntimeError(f"{len(errors)} background task(s) failed") from first
+
+    # the sweeper ----------------------------------------------------------------------
+
+    def _sweep_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._sweep_once(grace_s=self.settings.outbox_grace_s)
+            except Exception:
+                log.exception("sweep failed")
+            self._nudge.wait(timeout=self._sleep_s())
+            self._nudge.clear()
+
+    def _sleep_s(self) -> float:
+        due = self.store.next_timer_due()
+        interval_s = self.settings.sweep_interval_s
+        if due is None:
+            return interval_s
+        return max(0.0, min(interval_s, (due - datetime.now(UTC)).total_seconds()))
+
+    def _sweep_once(self, grace_s: float) -> bool:
+        """Fire due timers, re-dispatch stranded outbox rows, re-wake threads; True if any."""
+        now = datetime.now(UTC)
+        woke = False
+        for row in self.store.fire_due_timers(now):
+            self.wake(row.thread_id, row.priority)
+            woke = True
+        for outbox in self.store.undispatched(now - timedelta(seconds=grace_s)):
+            self.dispatch(outbox)
+            self.store.mark_dispatched([outbox.id])
+            woke = True
+        for thread_id in self.store.threads_to_wake():
+            if not self.lease.held(thread_id):
+                self.wake(thread_id, 0)
+                woke = True
+        return woke

@@ -1,0 +1,97 @@
+"""One frozen ``Settings``, built explicitly; every environment name lives here."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from dormant.errors import ConfigurationError
+
+__all__ = ["ENV_NAMES", "Settings"]
+
+ENV_NAMES = {
+    "database_url": "DORMANT_DATABASE_URL",
+    "broker_url": "DORMANT_BROKER_URL",
+    "redis_url": "DORMANT_REDIS_URL",
+    "secret_keys": "DORMANT_SECRET_KEY",
+    "callback_base_url": "DORMANT_CALLBACK_BASE_URL",
+    "key_prefix": "DORMANT_KEY_PREFIX",
+    "agents_module": "DORMANT_AGENTS",
+    "crash_points": "DORMANT_CRASH_POINTS",
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How one dormant deployment is wired and tuned.
+
+    ``secret_keys`` signs callback URLs: the first key signs, every key verifies, so a key
+    can be rotated by prepending a new one.
+    """
+
+    database_url: str = "sqlite:///dormant.db"
+    broker_url: str = "redis://127.0.0.1:6379/0"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    secret_keys: tuple[str, ...] = ()
+    callback_base_url: str = "http://127.0.0.1:8765/dormant/callbacks"
+    key_prefix: str = "dormant"
+    agents_module: str = ""
+    lease_ttl_s: float = 60.0
+    token_ttl_s: float = 7 * 24 * 3600.0
+    max_message_bytes: int = 256 * 1024
+    max_rounds_per_slice: int = 8
+    model_attempts: int = 4
+    model_backoff_s: float = 0.5
+    model_backoff_max_s: float = 30.0
+    stall_after_failures: int = 3
+    sweep_interval_s: float = 2.0
+    outbox_grace_s: float = 10.0
+    dedup_ttl_s: float = 24 * 3600.0
+    crash_points: frozenset[str] = field(default_factory=frozenset)
+    """Test-only: names of points in the slice where a worker dies on purpose."""
+
+    def __post_init__(self) -> None:
+        if self.lease_ttl_s <= 0 or self.sweep_interval_s <= 0:
+            raise ConfigurationError("lease_ttl_s and sweep_interval_s must be positive")
+        if self.max_message_bytes < 1024:
+            raise ConfigurationError("max_message_bytes must be at least 1024")
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        """Settings from ``DORMANT_*`` variables (``env`` defaults to ``os.environ``)."""
+        env = os.environ if env is None else env
+        values: dict[str, Any] = {}
+        for name, var in ENV_NAMES.items():
+            raw = env.get(var)
+            if raw is None or raw == "":
+                continue
+            if name == "secret_keys":
+                values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
+            elif name == "crash_points":
+                values[name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
+            else:
+                values[name] = raw
+        values.update(overrides)
+        return cls(**values)
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)
+
+    def require_secret(self) -> Settings:
+        """These settings, failing clearly when no callback signing key is configured."""
+        if not self.secret_keys:
+            raise ConfigurationError(
+                "DORMANT_SECRET_KEY is not set: callback URLs cannot be signed or verified"
+            )
+        return self
+
+    def with_ephemeral_secret(self) -> Settings:
+        """These settings with a random signing key if none is set (embedded use only).
+
+        Callback tokens then stop verifying when the process ends, which is what an
+        in-process system with no configuration should do.
+        """
+        return self if self.secret_keys else replace(self, secret_keys=(secrets.token_hex(32),))

@@ -1,0 +1,1 @@
+"""Stores: the protocols and their implementations (memory, SQL, Redis)."""

@@ -1,0 +1,304 @@
+"""The records the runtime keeps and the narrow protocols that keep them.
+
+The slice needs only ``SliceStore``; clients need ``InboxStore`` and ``QueryStore``; the
+sweeper needs ``SweepStore``. ``Store`` is all four, which every backend implements (memory,
+SQLite, PostgreSQL) against one contract test suite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from enum import IntEnum, StrEnum
+from typing import Any, Protocol
+
+from dormant.messages import Inbound, Item, Usage
+
+__all__ = [
+    "CallRecord",
+    "CallState",
+    "Commit",
+    "DedupSet",
+    "InboxRow",
+    "InboxState",
+    "InboxStore",
+    "Lease",
+    "NewThread",
+    "NewTimer",
+    "OutboxRow",
+    "Priority",
+    "QueryStore",
+    "SliceStore",
+    "Snapshot",
+    "Store",
+    "StoredItem",
+    "SweepStore",
+    "ThreadInfo",
+    "ThreadStatus",
+    "TimerRow",
+]
+
+
+class Priority(IntEnum):
+    """Broker priority of a send: user-facing wake-ups first."""
+
+    INTERACTIVE = 8
+    BACKGROUND = 4
+
+
+class ThreadStatus(StrEnum):
+    IDLE = "idle"
+    """No call is pending: the thread waits for user text or an event."""
+    WAITING = "waiting"
+    """At least one call is pending."""
+    CLOSED = "closed"
+    STALLED = "stalled"
+    """The model failed too often; ``retry`` re-drives it."""
+
+
+class CallState(StrEnum):
+    PENDING = "pending"
+    ANSWERED = "answered"
+    INTERRUPTED = "interrupted"
+    SUBSCRIBED = "subscribed"
+    CANCELLED = "cancelled"
+
+
+class InboxState(StrEnum):
+    PENDING = "pending"
+    DONE = "done"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadInfo:
+    id: str
+    agent: str
+    status: ThreadStatus
+    version: int
+    created_at: datetime
+    updated_at: datetime
+    parent_id: str | None = None
+    parent_call_id: str | None = None
+    fork_seq: int | None = None
+    root_id: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    usage: Usage = field(default_factory=Usage)
+    """Usage of the last completion (drives compaction)."""
+    failures: int = 0
+    """Consecutive slices that ended in a model failure."""
+    last_error: str = ""
+    inbox_seen: int = 0
+    """The highest inbox id a committed slice has looked at; deferred rows sit at or below it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CallRecord:
+    call_id: str
+    name: str
+    args: dict[str, Any]
+    seq: int
+    state: CallState
+    subscription: bool = False
+    passive: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StoredItem:
+    seq: int
+    message_id: str
+    item: Item
+
+
+@dataclass(frozen=True, slots=True)
+class InboxRow:
+    id: int
+    thread_id: str
+    message_id: str
+    message: Inbound
+    priority: int
+    state: InboxState
+    created_at: datetime
+    reason: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class OutboxRow:
+    id: int
+    thread_id: str
+    call_id: str
+    action: str
+    created_at: datetime
+    dispatched_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TimerRow:
+    id: int
+    thread_id: str
+    call_id: str
+    due_at: datetime
+    message_id: str
+    message: Inbound
+    fired_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NewTimer:
+    call_id: str
+    due_at: datetime
+    message_id: str
+    message: Inbound
+
+
+@dataclass(frozen=True, slots=True)
+class NewThread:
+    """A thread to create in a commit (a child spawned by the turn)."""
+
+    id: str
+    agent: str
+    parent_id: str | None = None
+    parent_call_id: str | None = None
+    fork_seq: int | None = None
+    root_id: str = ""
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """What a slice reads: the thread, its model-visible history, calls and pending inbox."""
+
+    thread: ThreadInfo
+    items: list[StoredItem]
+    calls: dict[str, CallRecord]
+    inbox: list[InboxRow]
+    next_seq: int
+    """The seq the next own item gets (seqs continue the inherited prefix in a child)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Commit:
+    """Everything one slice writes, in one transaction guarded by ``version``."""
+
+    thread_id: str
+    version: int
+    status: ThreadStatus
+    inbox_seen: int
+    items: list[StoredItem] = field(default_factory=list)
+    """New items, with seqs from ``Snapshot.next_seq`` on (the version guard makes them safe)."""
+    calls: list[CallRecord] = field(default_factory=list)
+    """Inserted or updated call records (upsert by (thread_id, call_id))."""
+    done: list[int] = field(default_factory=list)
+    rejected: list[tuple[int, str]] = field(default_factory=list)
+    outbox: list[tuple[str, str]] = field(default_factory=list)
+    """(call_id, action) rows to dispatch after the commit."""
+    timers: list[NewTimer] = field(default_factory=list)
+    cancel_timers: list[str] = field(default_factory=list)
+    """Call ids whose unfired timers are deleted (a sleep that was interrupted or woken)."""
+    threads: list[NewThread] = field(default_factory=list)
+    """Threads created by this commit (children spawned by the turn)."""
+    enqueue: list[tuple[str, str, Inbound, int]] = field(default_factory=list)
+    """Messages for other threads, (thread_id, message_id, message, priority), written in
+    the same transaction (a child's seed, a report to a parent); duplicates are ignored."""
+    usage: Usage | None = None
+
+
+class SliceStore(Protocol):
+    def load(self, thread_id: str) -> Snapshot:
+        """The thread as a slice sees it; raises ``UnknownThread``."""
+        ...
+
+    def commit(self, commit: Commit) -> list[OutboxRow] | None:
+        """Write atomically; the new outbox rows, or None when ``version`` moved (stale)."""
+        ...
+
+    def record_failure(self, thread_id: str, error: str, stall_after: int) -> ThreadInfo:
+        """Count a failed slice (nothing else changes); stall the thread at ``stall_after``."""
+        ...
+
+    def mark_dispatched(self, outbox_ids: list[int]) -> None: ...
+
+    def has_pending_after(self, thread_id: str, inbox_id: int) -> bool:
+        """Whether a pending inbox row newer than ``inbox_id`` exists (arrived mid-slice)."""
+        ...
+
+
+class InboxStore(Protocol):
+    def create_thread(self, thread: NewThread) -> ThreadInfo:
+        """Create a thread; raises ``DuplicateMessage`` if the id exists."""
+        ...
+
+    def enqueue(
+        self, thread_id: str, message_id: str, message: Inbound, priority: int
+    ) -> InboxRow:
+        """Queue a message; raises ``UnknownThread``, ``ThreadClosed``, ``UnknownCall``,
+        ``SubscriptionCancelled`` or ``DuplicateMessage`` (unique (thread_id, message_id))."""
+        ...
+
+    def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
+        """Force a status (``retry`` un-stalls a thread, resetting failures); bumps the version."""
+        ...
+
+    def add_timer(self, thread_id: str, timer: NewTimer) -> None:
+        """A durable timer (``ToolContext.schedule``); a repeated message_id is ignored."""
+        ...
+
+
+class QueryStore(Protocol):
+    def thread(self, thread_id: str) -> ThreadInfo: ...
+
+    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+        """Threads newest first."""
+        ...
+
+    def history(self, thread_id: str) -> list[StoredItem]:
+        """The model-visible history (inherited prefix, summaries, own items)."""
+        ...
+
+    def call(self, thread_id: str, call_id: str) -> CallRecord: ...
+
+    def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]: ...
+
+
+class SweepStore(Protocol):
+    def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
+        """Turn due timers into inbox rows (stable message ids), marking them fired."""
+        ...
+
+    def undispatched(self, older_than: datetime, limit: int = 100) -> list[OutboxRow]: ...
+
+    def threads_to_wake(self, limit: int = 100) -> list[str]:
+        """Threads with pending inbox rows newer than their ``inbox_seen``."""
+        ...
+
+    def next_timer_due(self) -> datetime | None: ...
+
+
+class Store(SliceStore, InboxStore, QueryStore, SweepStore, Protocol):
+    """Everything a backend provides."""
+
+    def close(self) -> None: ...
+
+
+class DedupSet(Protocol):
+    """A lossy fast path for "was this message id seen?": SQL's unique key is the truth."""
+
+    def seen(self, thread_id: str, message_id: str) -> bool: ...
+
+    def add(self, thread_id: str, message_ids: list[str]) -> None: ...
+
+
+class Lease(Protocol):
+    """A per-thread lock with a time-to-live; the thread's version fences stale holders."""
+
+    def acquire(self, thread_id: str, ttl_s: float) -> str | None:
+        """A token if the lease was free, else None."""
+        ...
+
+    def renew(self, thread_id: str, token: str, ttl_s: float) -> bool: ...
+
+    def release(self, thread_id: str, token: str) -> None: ...
+
+    def held(self, thread_id: str) -> bool:
+        """Whether a live (unexpired) lease exists: the sweeper leaves such threads alone."""
+        ...

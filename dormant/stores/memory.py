@@ -1,0 +1,340 @@
+"""The in-memory store: the whole ``Store`` contract in one process, no server.
+
+Each thread is kept as serialized bytes (its info, an append-only JSON-lines buffer of
+items, its calls and the ids it has seen), not as object graphs, so a hundred thousand
+idle agents cost little more than their stored text. Pending inbox rows, outbox rows and
+timers are few and short-lived, so they stay as objects.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from dormant.errors import (
+    DuplicateMessage,
+    SubscriptionCancelled,
+    ThreadClosed,
+    UnknownCall,
+    UnknownThread,
+)
+from dormant.messages import Inbound
+from dormant.stores.base import (
+    CallRecord,
+    CallState,
+    Commit,
+    InboxRow,
+    InboxState,
+    NewThread,
+    NewTimer,
+    OutboxRow,
+    Priority,
+    Snapshot,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+    TimerRow,
+)
+
+__all__ = ["MemoryStore"]
+
+_INFO = TypeAdapter(ThreadInfo)
+_ITEM = TypeAdapter(StoredItem)
+_CALLS = TypeAdapter(dict[str, CallRecord])
+_ROW = TypeAdapter(InboxRow)
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True)
+class _Thread:
+    info: bytes
+    items: bytearray = field(default_factory=bytearray)
+    calls: bytes = b"{}"
+    ids: bytearray = field(default_factory=lambda: bytearray(b"\n"))
+    """Every inbox and item message id, newline-framed: the durable dedup set."""
+    done: bytearray = field(default_factory=bytearray)
+    """Finished inbox rows as JSON lines (for ``inbox()`` queries)."""
+
+    def seen(self, message_id: str) -> bool:
+        return b"\n" + message_id.encode() + b"\n" in self.ids
+
+    def remember(self, message_id: str) -> None:
+        self.ids += message_id.encode() + b"\n"
+
+
+class MemoryStore:
+    """``Store`` in memory; thread-safe behind one lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        self._threads: dict[str, _Thread] = {}
+        self._pending: dict[int, InboxRow] = {}
+        self._outbox: dict[int, OutboxRow] = {}
+        self._timers: dict[int, TimerRow] = {}
+        self._timer_heap: list[tuple[datetime, int]] = []
+        self._timer_keys: set[tuple[str, str]] = set()
+        self._ids = itertools.count(1)
+
+    # threads ---------------------------------------------------------------------------
+
+    def create_thread(self, thread: NewThread) -> ThreadInfo:
+        with self._lock:
+            if thread.id in self._threads:
+                raise DuplicateMessage(thread.id, thread.id)
+            now = _now()
+            info = ThreadInfo(
+                id=thread.id,
+                agent=thread.agent,
+                status=ThreadStatus.IDLE,
+                version=0,
+                created_at=now,
+                updated_at=now,
+                parent_id=thread.parent_id,
+                parent_call_id=thread.parent_call_id,
+                fork_seq=thread.fork_seq,
+                root_id=thread.root_id or thread.id,
+                metadata=dict(thread.metadata),
+            )
+            self._threads[thread.id] = _Thread(info=_INFO.dump_json(info))
+            return info
+
+    def thread(self, thread_id: str) -> ThreadInfo:
+        with self._lock:
+            return self._info(self._get(thread_id))
+
+    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+        with self._lock:
+            infos = [self._info(t) for t in self._threads.values()]
+        infos = [i for i in infos if status is None or i.status is status]
+        infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
+        return infos[:limit]
+
+    def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
+        with self._lock:
+            t = self._get(thread_id)
+            return self._update(t, status=status, failures=0, last_error="")
+
+    # inbox ----------------------------------------------------------------------------
+
+    def enqueue(self, thread_id: str, message_id: str, message: Inbound, priority: int) -> InboxRow:
+        with self._lock:
+            t = self._get(thread_id)
+            if self._info(t).status is ThreadStatus.CLOSED:
+                raise ThreadClosed(thread_id)
+            call_id = getattr(message, "call_id", None)
+            if call_id is not None:
+                call = _CALLS.validate_json(t.calls).get(call_id)
+                if call is None:
+                    raise UnknownCall(thread_id, call_id)
+                if call.state is CallState.CANCELLED and message.kind in ("result", "event"):
+                    raise SubscriptionCancelled(thread_id, call_id)
+            return self._insert_row(t, thread_id, message_id, message, priority)
+
+    def add_timer(self, thread_id: str, timer: NewTimer) -> None:
+        with self._lock:
+            self._get(thread_id)
+            self._add_timer(thread_id, timer)
+
+    # slice ----------------------------------------------------------------------------
+
+    def load(self, thread_id: str) -> Snapshot:
+        with self._lock:
+            t = self._get(thread_id)
+            info = self._info(t)
+            items = [_ITEM.validate_json(line) for line in t.items.splitlines()]
+            inbox = sorted(
+                (r for r in self._pending.values() if r.thread_id == thread_id), key=lambda r: r.id
+            )
+            base = info.fork_seq or 0
+            next_seq = items[-1].seq + 1 if items else base + 1
+            return Snapshot(info, items, _CALLS.validate_json(t.calls), inbox, next_seq)
+
+    def commit(self, commit: Commit) -> list[OutboxRow] | None:
+        with self._lock:
+            t = self._get(commit.thread_id)
+            info = self._info(t)
+            if info.version != commit.version:
+                return None
+            for stored in commit.items:
+                t.items += _ITEM.dump_json(stored) + b"\n"
+                if not t.seen(stored.message_id):
+                    t.remember(stored.message_id)
+            if commit.calls:
+                calls = _CALLS.validate_json(t.calls)
+                calls.update({c.call_id: c for c in commit.calls})
+                t.calls = _CALLS.dump_json(calls)
+            for row_id in commit.done:
+                self._finish(t, row_id, InboxState.DONE, "")
+            for row_id, reason in commit.rejected:
+                self._finish(t, row_id, InboxState.REJECTED, reason)
+            now = _now()
+            created = []
+            for call_id, action in commit.outbox:
+                row = OutboxRow(next(self._ids), commit.thread_id, call_id, action, now)
+                self._outbox[row.id] = row
+                created.append(row)
+            for timer in commit.timers:
+                self._add_timer(commit.thread_id, timer)
+            self._cancel_timers(commit.thread_id, set(commit.cancel_timers))
+            for new in commit.threads:
+                self.create_thread(new)
+            for thread_id, message_id, message, priority in commit.enqueue:
+                target = self._threads.get(thread_id)
+                if target is not None and not target.seen(message_id):
+                    self._insert_row(target, thread_id, message_id, message, priority)
+            changes: dict[str, Any] = dict(
+                status=commit.status,
+                inbox_seen=max(info.inbox_seen, commit.inbox_seen),
+                failures=0,
+                last_error="",
+            )
+            if commit.usage is not None:
+                changes["usage"] = commit.usage
+            self._update(t, **changes)
+            return created
+
+    def record_failure(self, thread_id: str, error: str, stall_after: int) -> ThreadInfo:
+        with self._lock:
+            t = self._get(thread_id)
+            info = self._info(t)
+            failures = info.failures + 1
+            status = ThreadStatus.STALLED if failures >= stall_after else info.status
+            return self._update(t, failures=failures, last_error=error, status=status)
+
+    def mark_dispatched(self, outbox_ids: list[int]) -> None:
+        with self._lock:
+            for row_id in outbox_ids:
+                row = self._outbox.get(row_id)
+                if row is not None and row.dispatched_at is None:
+                    # Dispatched rows are done with; keep nothing of them.
+                    del self._outbox[row_id]
+
+    def has_pending_after(self, thread_id: str, inbox_id: int) -> bool:
+        with self._lock:
+            return any(r.thread_id == thread_id and r.id > inbox_id for r in self._pending.values())
+
+    # queries --------------------------------------------------------------------------
+
+    def history(self, thread_id: str) -> list[StoredItem]:
+        return self.load(thread_id).items
+
+    def call(self, thread_id: str, call_id: str) -> CallRecord:
+        with self._lock:
+            call = _CALLS.validate_json(self._get(thread_id).calls).get(call_id)
+        if call is None:
+            raise UnknownCall(thread_id, call_id)
+        return call
+
+    def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
+        with self._lock:
+            t = self._get(thread_id)
+            rows = [_ROW.validate_json(line) for line in t.done.splitlines()]
+            rows += [r for r in self._pending.values() if r.thread_id == thread_id]
+        rows.sort(key=lambda r: r.id)
+        return [r for r in rows if state is None or r.state is state]
+
+    # sweeper --------------------------------------------------------------------------
+
+    def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
+        fired: list[InboxRow] = []
+        with self._lock:
+            while self._timer_heap and self._timer_heap[0][0] <= now and len(fired) < limit:
+                _, timer_id = heapq.heappop(self._timer_heap)
+                timer = self._timers.pop(timer_id, None)
+                if timer is None:
+                    continue  # cancelled
+                t = self._threads.get(timer.thread_id)
+                if t is None or t.seen(timer.message_id):
+                    continue
+                row = self._insert_row(
+                    t, timer.thread_id, timer.message_id, timer.message, Priority.BACKGROUND
+                )
+                fired.append(row)
+        return fired
+
+    def undispatched(self, older_than: datetime, limit: int = 100) -> list[OutboxRow]:
+        with self._lock:
+            rows = [r for r in self._outbox.values() if r.created_at <= older_than]
+        return sorted(rows, key=lambda r: r.id)[:limit]
+
+    def threads_to_wake(self, limit: int = 100) -> list[str]:
+        with self._lock:
+            wake: list[str] = []
+            for row in sorted(self._pending.values(), key=lambda r: r.id):
+                if row.thread_id in wake:
+                    continue
+                info = self._info(self._threads[row.thread_id])
+                if info.status is not ThreadStatus.STALLED and row.id > info.inbox_seen:
+                    wake.append(row.thread_id)
+            return wake[:limit]
+
+    def next_timer_due(self) -> datetime | None:
+        with self._lock:
+            while self._timer_heap and self._timer_heap[0][1] not in self._timers:
+                heapq.heappop(self._timer_heap)
+            return self._timer_heap[0][0] if self._timer_heap else None
+
+    def close(self) -> None:
+        pass
+
+    # internals ------------------------------------------------------------------------
+
+    def _get(self, thread_id: str) -> _Thread:
+        t = self._threads.get(thread_id)
+        if t is None:
+            raise UnknownThread(thread_id)
+        return t
+
+    @staticmethod
+    def _info(t: _Thread) -> ThreadInfo:
+        return _INFO.validate_json(t.info)
+
+    def _update(self, t: _Thread, **changes: Any) -> ThreadInfo:
+        info = self._info(t)
+        info = replace(info, version=info.version + 1, updated_at=_now(), **changes)
+        t.info = _INFO.dump_json(info)
+        return info
+
+    def _insert_row(
+        self, t: _Thread, thread_id: str, message_id: str, message: Inbound, priority: int
+    ) -> InboxRow:
+        if t.seen(message_id):
+            raise DuplicateMessage(thread_id, message_id)
+        row = InboxRow(
+            next(self._ids), thread_id, message_id, message, priority, InboxState.PENDING, _now()
+        )
+        t.remember(message_id)
+        self._pending[row.id] = row
+        return row
+
+    def _finish(self, t: _Thread, row_id: int, state: InboxState, reason: str) -> None:
+        row = self._pending.pop(row_id, None)
+        if row is not None:
+            t.done += _ROW.dump_json(replace(row, state=state, reason=reason)) + b"\n"
+
+    def _add_timer(self, thread_id: str, timer: NewTimer) -> None:
+        key = (thread_id, timer.message_id)
+        if key in self._timer_keys:
+            return
+        self._timer_keys.add(key)
+        row = TimerRow(
+            next(self._ids), thread_id, timer.call_id, timer.due_at, timer.message_id, timer.message
+        )
+        self._timers[row.id] = row
+        heapq.heappush(self._timer_heap, (row.due_at, row.id))
+
+    def _cancel_timers(self, thread_id: str, call_ids: set[str]) -> None:
+        if not call_ids:
+            return
+        for timer_id, timer in list(self._timers.items()):
+            if timer.thread_id == thread_id and timer.call_id in call_ids:
+                del self._timers[timer_id]

@@ -1,0 +1,191 @@
+"""Conversions between the store's records (base.py) and SQL rows (tables.py).
+
+Kept apart from ``sql.py`` so the store reads as queries and transactions only. Items and
+messages go through their one ``TypeAdapter`` both ways: the JSON column holds exactly what
+``dump_python(mode="json")`` produced.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Table
+
+from dormant.messages import Inbound, InboundAdapter, ItemAdapter, Usage
+from dormant.stores.base import (
+    CallRecord,
+    CallState,
+    InboxRow,
+    InboxState,
+    NewThread,
+    NewTimer,
+    OutboxRow,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+)
+from dormant.stores.tables import metadata
+
+__all__ = [
+    "call_record",
+    "call_values",
+    "calls",
+    "inbox",
+    "inbox_row",
+    "inbox_values",
+    "item_values",
+    "items",
+    "outbox",
+    "outbox_row",
+    "stored_item",
+    "thread_info",
+    "thread_values",
+    "threads",
+    "timer_values",
+    "timers",
+]
+
+threads: Table = metadata.tables["threads"]
+items: Table = metadata.tables["items"]
+calls: Table = metadata.tables["calls"]
+inbox: Table = metadata.tables["inbox"]
+outbox: Table = metadata.tables["outbox"]
+timers: Table = metadata.tables["timers"]
+
+Row = Mapping[str, Any]
+
+
+def thread_values(thread: NewThread, now: datetime) -> dict[str, Any]:
+    """A new thread: idle, version 0, its own root unless it names one."""
+    return {
+        "id": thread.id,
+        "agent": thread.agent,
+        "parent_id": thread.parent_id,
+        "parent_call_id": thread.parent_call_id,
+        "fork_seq": thread.fork_seq,
+        "root_id": thread.root_id or thread.id,
+        "status": ThreadStatus.IDLE.value,
+        "version": 0,
+        "failures": 0,
+        "last_error": "",
+        "inbox_seen": 0,
+        "metadata": dict(thread.metadata),
+        "usage": Usage().model_dump(mode="json"),
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
+def thread_info(row: Row) -> ThreadInfo:
+    return ThreadInfo(
+        id=row["id"],
+        agent=row["agent"],
+        status=ThreadStatus(row["status"]),
+        version=row["version"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        parent_id=row["parent_id"],
+        parent_call_id=row["parent_call_id"],
+        fork_seq=row["fork_seq"],
+        root_id=row["root_id"],
+        metadata=dict(row["metadata"]),
+        usage=Usage.model_validate(row["usage"]),
+        failures=row["failures"],
+        last_error=row["last_error"],
+        inbox_seen=row["inbox_seen"],
+    )
+
+
+def item_values(thread_id: str, stored: StoredItem) -> dict[str, Any]:
+    """An item row; an empty message id becomes NULL so the unique key ignores it."""
+    return {
+        "thread_id": thread_id,
+        "seq": stored.seq,
+        "kind": stored.item.kind,
+        "data": ItemAdapter.dump_python(stored.item, mode="json"),
+        "message_id": stored.message_id or None,
+    }
+
+
+def stored_item(row: Row) -> StoredItem:
+    return StoredItem(
+        seq=row["seq"],
+        message_id=row["message_id"] or "",
+        item=ItemAdapter.validate_python(row["data"]),
+    )
+
+
+def call_values(thread_id: str, call: CallRecord) -> dict[str, Any]:
+    return {
+        "thread_id": thread_id,
+        "call_id": call.call_id,
+        "name": call.name,
+        "args": call.args,
+        "seq": call.seq,
+        "state": call.state.value,
+        "subscription": call.subscription,
+        "passive": call.passive,
+    }
+
+
+def call_record(row: Row) -> CallRecord:
+    return CallRecord(
+        call_id=row["call_id"],
+        name=row["name"],
+        args=dict(row["args"]),
+        seq=row["seq"],
+        state=CallState(row["state"]),
+        subscription=row["subscription"],
+        passive=row["passive"],
+    )
+
+
+def inbox_values(
+    thread_id: str, message_id: str, message: Inbound, priority: int, now: datetime
+) -> dict[str, Any]:
+    return {
+        "thread_id": thread_id,
+        "message_id": message_id,
+        "kind": message.kind,
+        "payload": InboundAdapter.dump_python(message, mode="json"),
+        "priority": int(priority),
+        "state": InboxState.PENDING.value,
+        "reason": "",
+        "created_at": now,
+    }
+
+
+def inbox_row(row: Row) -> InboxRow:
+    return InboxRow(
+        id=row["id"],
+        thread_id=row["thread_id"],
+        message_id=row["message_id"],
+        message=InboundAdapter.validate_python(row["payload"]),
+        priority=row["priority"],
+        state=InboxState(row["state"]),
+        created_at=row["created_at"],
+        reason=row["reason"],
+    )
+
+
+def outbox_row(row: Row) -> OutboxRow:
+    return OutboxRow(
+        id=row["id"],
+        thread_id=row["thread_id"],
+        call_id=row["call_id"],
+        action=row["action"],
+        created_at=row["created_at"],
+        dispatched_at=row["dispatched_at"],
+    )
+
+
+def timer_values(thread_id: str, timer: NewTimer) -> dict[str, Any]:
+    return {
+        "thread_id": thread_id,
+        "call_id": timer.call_id,
+        "due_at": timer.due_at,
+        "message_id": timer.message_id,
+        "message": InboundAdapter.dump_python(timer.message, mode="json"),
+    }

@@ -1,0 +1,53 @@
+"""Callback URLs as capabilities: an HMAC over (thread_id, call_id, expiry) (DESIGN section 9).
+
+The first key signs and every key verifies, so keys rotate by prepending a new one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+from collections.abc import Sequence
+from urllib.parse import parse_qs, quote, unquote, urlsplit
+
+from dormant.errors import InvalidToken
+
+__all__ = ["callback_url", "parse_callback_url", "sign", "verify"]
+
+
+def _mac(key: str, thread_id: str, call_id: str, expires_at_s: int) -> str:
+    message = f"{thread_id}\n{call_id}\n{expires_at_s}".encode()
+    digest = hmac.new(key.encode(), message, hashlib.sha256).digest()
+    return base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def sign(keys: Sequence[str], thread_id: str, call_id: str, expires_at_s: int) -> str:
+    """A token for one call, valid until ``expires_at_s`` (Unix seconds)."""
+    return f"{expires_at_s}.{_mac(keys[0], thread_id, call_id, expires_at_s)}"
+
+
+def verify(keys: Sequence[str], token: str, thread_id: str, call_id: str, now_s: float) -> None:
+    """Raise ``InvalidToken`` unless ``token`` was signed for this call and has not expired."""
+    expiry, _, mac = token.partition(".")
+    if not expiry.isdigit() or not mac:
+        raise InvalidToken(f"malformed callback token for call {call_id!r} of thread {thread_id!r}")
+    if not any(hmac.compare_digest(mac, _mac(k, thread_id, call_id, int(expiry))) for k in keys):
+        raise InvalidToken(f"callback token does not match call {call_id!r} of thread {thread_id!r}")
+    if int(expiry) < now_s:
+        raise InvalidToken(f"callback token for call {call_id!r} of thread {thread_id!r} has expired")
+
+
+def callback_url(base_url: str, keys: Sequence[str], thread_id: str, call_id: str, expires_at_s: int) -> str:
+    token = sign(keys, thread_id, call_id, expires_at_s)
+    return f"{base_url.rstrip('/')}/{quote(thread_id, safe='')}/{quote(call_id, safe='')}?token={token}"
+
+
+def parse_callback_url(url: str) -> tuple[str, str, str]:
+    """(thread_id, call_id, token) from a callback URL; ``InvalidToken`` if it is not one."""
+    parts = urlsplit(url)
+    segments = [unquote(s) for s in parts.path.rstrip("/").split("/")]
+    tokens = parse_qs(parts.query).get("token", [])
+    if len(segments) < 2 or not segments[-1] or not segments[-2] or len(tokens) != 1:
+        raise InvalidToken(f"not a dormant callback URL: {url!r}")
+    return segments[-2], segments[-1], tokens[0]
