@@ -1,0 +1,124 @@
+"""Model failures never consume input; leases and versions keep one slice per thread."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from dormant import Agent
+from dormant.errors import ModelFatal, ModelRetryable
+from dormant.messages import AssistantTurn, Item, StatusChanged
+from dormant.models import reply
+from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.settings import Settings
+from dormant.slice import Busy, Failed, Idle, Stale, Stalled
+from dormant.stores.base import InboxState, ThreadStatus
+from tests.harness import Harness
+
+
+@dataclass
+class Flaky:
+    """Fails ``failures`` times (retryable), then answers."""
+
+    failures: int
+    name: str = "flaky"
+    context_window: int = 1000
+    calls: int = 0
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        self.calls += 1
+        if self.calls <= self.failures:
+            on_chunk("partial text that must never be stored")
+            raise ModelRetryable("HTTP 503 from provider", retry_after_s=None)
+        return reply("answer")
+
+
+def turns(items: Sequence[Item]) -> list[AssistantTurn]:
+    return [i for i in items if isinstance(i, AssistantTurn)]
+
+
+def settings(**overrides: object) -> Settings:
+    return Settings(model_attempts=2, model_backoff_s=0.0, stall_after_failures=2).with_(**overrides)
+
+
+def test_a_retried_stream_stores_one_clean_turn() -> None:
+    model = Flaky(failures=1)
+    h = Harness(Agent("a", model=model), settings=settings())
+    t = h.launch("a", "hi")
+    assert isinstance(h.step(t), Idle)
+    assert [turn.text for turn in turns(h.history(t))] == ["answer"]
+
+
+def test_exhausted_retries_commit_nothing_and_keep_the_message_queued() -> None:
+    model = Flaky(failures=10)
+    h = Harness(Agent("a", model=model), settings=settings())
+    t = h.launch("a", "hi")
+    outcome = h.step(t)
+    assert isinstance(outcome, Failed) and not outcome.stalled
+    assert "HTTP 503" in outcome.error
+    assert h.history(t) == []
+    assert [r.state for r in h.store.inbox(t)] == [InboxState.PENDING]
+
+
+def test_a_thread_stalls_after_repeated_failed_slices_and_retry_redrives_it() -> None:
+    model = Flaky(failures=4)
+    h = Harness(Agent("a", model=model), settings=settings())
+    t = h.launch("a", "hi")
+    h.step(t)
+    outcome = h.step(t)
+    assert isinstance(outcome, Failed) and outcome.stalled
+    info = h.thread(t)
+    assert info.status is ThreadStatus.STALLED and "HTTP 503" in info.last_error
+    assert any(isinstance(e, StatusChanged) and e.status == "stalled" for e in h.events(t))
+    assert isinstance(h.step(t), Stalled)  # a stalled thread is not run
+    assert h.store.threads_to_wake() == []  # nor re-woken by the sweeper
+    h.retry(t)
+    assert isinstance(h.step(t), Idle)
+    assert [turn.text for turn in turns(h.history(t))] == ["answer"]
+    assert h.thread(t).failures == 0
+
+
+def test_a_fatal_model_error_is_not_retried_within_the_slice() -> None:
+    class Broken:
+        name, context_window, calls = "broken", 1000, 0
+
+        def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+            self.calls += 1
+            raise ModelFatal("HTTP 401: bad key")
+
+    model = Broken()
+    h = Harness(Agent("a", model=model), settings=settings(model_attempts=5))
+    t = h.launch("a", "hi")
+    assert isinstance(h.step(t), Failed)
+    assert model.calls == 1
+
+
+def test_a_second_slice_ends_at_once_while_the_lease_is_held() -> None:
+    h = Harness(Agent("a", model=Flaky(0)))
+    t = h.launch("a", "hi")
+    token = h.lease.acquire(t, 60)
+    assert token is not None
+    assert isinstance(h.step(t), Busy)
+    h.lease.release(t, token)
+    assert isinstance(h.step(t), Idle)
+
+
+def test_a_stale_lease_holder_commits_nothing() -> None:
+    """Two slices read the same version (a lease expired under a slow holder): one wins."""
+    slow_started: list[bool] = []
+    h: Harness
+
+    def script(items: Sequence[Item]) -> Completion:
+        if not slow_started:
+            slow_started.append(True)
+            h.lease.expire_all()  # the slow holder's lease lapses ...
+            assert isinstance(h.step(t), Idle)  # ... and another slice runs meanwhile
+        return reply("answer")
+
+    from dormant.models import ScriptedModel
+
+    h = Harness(Agent("a", model=ScriptedModel(script)))
+    t = h.launch("a", "hi")
+    assert isinstance(h.step(t), Stale)
+    assert [turn.text for turn in turns(h.history(t))] == ["answer"]
+    assert [r.state for r in h.store.inbox(t)] == [InboxState.DONE]
