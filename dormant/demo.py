@@ -1,0 +1,147 @@
+"""``dormant demo``: one agent that sleeps between every step, in one process, on SQLite.
+
+It starts a build (a deferred tool), subscribes to pull requests (a subscription) and
+goes idle; the build's callback and a "PR #42 opened" event wake it. Forged callbacks are
+refused. Nothing needs a server, a network or an API key.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from rich.console import Console
+from rich.rule import Rule
+
+from dormant.agents import Agent
+from dormant.errors import MessageRejected, NotFound
+from dormant.local import LocalSystem
+from dormant.messages import EventShown, Item, ItemAdded, ToolResult, UserText
+from dormant.models.base import Completion
+from dormant.models.scripted import ScriptedModel, call, reply
+from dormant.tools.base import ToolContext, tool
+
+__all__ = ["run_demo"]
+
+CI_CALLBACKS: dict[str, str] = {}
+"""The fake CI service: build target -> the callback URL it will POST to when done."""
+
+
+@tool(deferred=True)
+def run_build(target: str, ctx: ToolContext) -> None:
+    """Start a CI build of ``target``; the result arrives when the build finishes."""
+    CI_CALLBACKS[target] = ctx.callback_url
+
+
+@tool(subscription=True)
+def watch_pull_requests(repo: str) -> str:
+    """Subscribe to pull requests opened on ``repo``."""
+    return f"Watching {repo} for new pull requests."
+
+
+def triage_script(items: Sequence[Item]) -> Completion:
+    """The scripted model: what a real model would plausibly say at each point."""
+    last = items[-1]
+    if isinstance(last, UserText):
+        return reply(
+            "I'll start the build and watch for pull requests meanwhile.",
+            call("run_build", target="main"),
+            call("watch_pull_requests", repo="acme/api"),
+        )
+    if isinstance(last, EventShown):
+        return reply(f"New pull request: {last.content}. I'll review it once the build is green.")
+    if isinstance(last, ToolResult) and last.name == "run_build":
+        return reply(f"The build finished: {last.content}. Waiting for pull requests.", call("wait_for_event"))
+    return reply("Noted.")
+
+
+TRIAGE = Agent(
+    "triage",
+    model=ScriptedModel(triage_script, name="scripted-triage"),
+    instructions="You watch CI builds and pull requests for the acme/api team.",
+    tools=[run_build, watch_pull_requests],
+)
+
+
+def run_demo(console: Console | None = None, database_path: Path | None = None) -> int:
+    """Run the scenario; returns the number of slices run."""
+    console = console or Console()
+    started_s = time.monotonic()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = database_path or Path(tmp) / "dormant.db"
+        with LocalSystem([TRIAGE], f"sqlite:///{path}") as system:
+            _show_live(system, console)
+            console.print(Rule("1. a user asks; the agent starts a build and subscribes"))
+            thread_id = system.launch("triage", "Build main, and tell me when a PR comes in.")
+            system.run_until_idle()
+            _idle(system, console, thread_id)
+
+            console.print(Rule("2. refused: forged and misdirected callbacks"))
+            url = CI_CALLBACKS["main"]
+            _refused(console, "a callback whose token was altered", lambda: system.deliver_callback(url[:-4] + "AAAA", "green"))
+            watch_id = _call_id(system, thread_id, "watch_pull_requests")
+            moved = url.replace(_call_id(system, thread_id, "run_build"), watch_id)
+            _refused(console, "a token replayed against another call", lambda: system.deliver_callback(moved, "green"))
+            _refused(console, "a result for a call the agent never made", lambda: system.deliver(thread_id, "call_made_up", "green"))
+
+            console.print(Rule("3. twenty minutes later, CI calls back"))
+            system.deliver_callback(url, "green, 1,204 tests passed", message_id="ci-build-main-1")
+            system.run_until_idle()
+            _refused(console, "the same CI delivery again", lambda: system.deliver_callback(url, "green", message_id="ci-build-main-1"))
+            _idle(system, console, thread_id)
+
+            console.print(Rule("4. tomorrow, a pull request is opened"))
+            system.send_event(thread_id, watch_id, "PR #42 opened by dana: 'Retry flaky DB tests'", message_id="gh-delivery-42")
+            system.run_until_idle()
+            _idle(system, console, thread_id)
+
+            console.print(Rule("result"))
+            console.print(f"slices run: [bold]{system.slices_run}[/]")
+            console.print(f"stored size of the idle agent: [bold]{stored_bytes(system, thread_id):,} bytes[/]")
+            console.print(f"took {time.monotonic() - started_s:.2f} s; no server, no network, no API key")
+            return system.slices_run
+
+
+def stored_bytes(system: LocalSystem, thread_id: str) -> int:
+    """The serialized size of what the store keeps for the thread: items, calls, thread row."""
+    snap = system.store.load(thread_id)
+    items = sum(len(s.item.model_dump_json()) + len(s.message_id) for s in snap.items)
+    calls = sum(len(c.call_id) + len(c.name) + len(str(c.args)) + 16 for c in snap.calls.values())
+    return items + calls + len(repr(snap.thread))
+
+
+def _show_live(system: LocalSystem, console: Console) -> None:
+    from dormant.timeline import render_event
+
+    def listener(event: object) -> None:
+        if isinstance(event, ItemAdded) or type(event).__name__ in ("Rejected", "ToolDispatched"):
+            line = render_event(event)  # type: ignore[arg-type]
+            if line is not None:
+                console.print(line)
+
+    system.on_event(listener)
+
+
+def _idle(system: LocalSystem, console: Console, thread_id: str) -> None:
+    info = system.thread(thread_id)
+    pending = [c.name for c in system.store.load(thread_id).calls.values() if c.state == "pending"]
+    waiting = f", waiting on {', '.join(pending)}" if pending else ""
+    console.print(
+        f"[dim]      → thread {thread_id} is {info.status}{waiting}: no process, task or "
+        "connection is held while it waits[/]"
+    )
+
+
+def _refused(console: Console, what: str, action: object) -> None:
+    try:
+        action()  # type: ignore[operator]
+    except (MessageRejected, NotFound) as error:
+        console.print(f"[bold red]      refused[/] {what}: {error}")
+    else:
+        raise AssertionError(f"{what} was accepted")
+
+
+def _call_id(system: LocalSystem, thread_id: str, name: str) -> str:
+    return next(c.call_id for c in system.store.load(thread_id).calls.values() if c.name == name)
