@@ -11,4 +11,13 @@ from dormant.local import LocalSystem
 from dormant.settings import Settings
 from dormant.tools.base import Tool, ToolContext, tool
 
-__all__ = ["Agent", "BaseClient", "DormantError", "LocalSystem", "Settings", "Tool", "ToolContext", "tool"]
+__all__ = [
+    "Agent",
+    "BaseClient",
+    "DormantError",
+    "LocalSystem",
+    "Settings",
+    "Tool",
+    "ToolContext",
+    "tool",
+]

@@ -6,6 +6,7 @@ Django or Flask process needs none of the agents' tool code.
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -87,7 +88,9 @@ class BaseClient(ABC):
             self.agents.get_agent(agent)
         self._check_size(thread_id or "(new)", text)
         thread = self.store.create_thread(
-            NewThread(id=thread_id or f"thr_{uuid.uuid4().hex[:20]}", agent=agent, metadata=metadata or {})
+            NewThread(
+                id=thread_id or f"thr_{uuid.uuid4().hex[:20]}", agent=agent, metadata=metadata or {}
+            )
         )
         self._enqueue(thread.id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
         return thread.id
@@ -172,11 +175,14 @@ class BaseClient(ABC):
 
     # the ToolSink protocol (what running tools send) -------------------------------------
 
-    def tool_result(self, thread_id: str, call_id: str, content: str, *, is_error: bool = False) -> None:
-        try:
-            self.deliver(thread_id, call_id, content, message_id=f"result:{call_id}", is_error=is_error)
-        except DuplicateMessage:
-            pass  # a re-dispatched tool answering twice: the first answer stands
+    def tool_result(
+        self, thread_id: str, call_id: str, content: str, *, is_error: bool = False
+    ) -> None:
+        # A re-dispatched tool answering twice: the first answer stands.
+        with contextlib.suppress(DuplicateMessage):
+            self.deliver(
+                thread_id, call_id, content, message_id=f"result:{call_id}", is_error=is_error
+            )
 
     def tool_event(
         self,
@@ -188,16 +194,21 @@ class BaseClient(ABC):
         final: bool,
         message_id: str | None,
     ) -> None:
-        try:
+        with contextlib.suppress(DuplicateMessage):
             self.send_event(
-                thread_id, call_id, content, associative=associative, final=final, message_id=message_id
+                thread_id,
+                call_id,
+                content,
+                associative=associative,
+                final=final,
+                message_id=message_id,
             )
-        except DuplicateMessage:
-            pass
 
     def tool_schedule(self, thread_id: str, call_id: str, content: str, at: datetime) -> None:
         message = EventMessage(call_id=call_id, content=content)
-        self.store.add_timer(thread_id, NewTimer(call_id, at, f"schedule:{uuid.uuid4().hex}", message))
+        self.store.add_timer(
+            thread_id, NewTimer(call_id, at, f"schedule:{uuid.uuid4().hex}", message)
+        )
 
     # internals --------------------------------------------------------------------------
 
@@ -209,7 +220,9 @@ class BaseClient(ABC):
                 f"the limit is {self.settings.max_message_bytes}"
             )
 
-    def _enqueue(self, thread_id: str, message_id: str | None, message: Inbound, priority: int) -> str:
+    def _enqueue(
+        self, thread_id: str, message_id: str | None, message: Inbound, priority: int
+    ) -> str:
         message_id = message_id or new_message_id()
         if self.dedup.seen(thread_id, message_id):
             raise DuplicateMessage(thread_id, message_id)

@@ -53,7 +53,10 @@ def triage_script(items: Sequence[Item]) -> Completion:
     if isinstance(last, EventShown):
         return reply(f"New pull request: {last.content}. I'll review it once the build is green.")
     if isinstance(last, ToolResult) and last.name == "run_build":
-        return reply(f"The build finished: {last.content}. Waiting for pull requests.", call("wait_for_event"))
+        return reply(
+            f"The build finished: {last.content}. Waiting for pull requests.",
+            call("wait_for_event"),
+        )
     return reply("Noted.")
 
 
@@ -80,27 +83,52 @@ def run_demo(console: Console | None = None, database_path: Path | None = None) 
 
             console.print(Rule("2. refused: forged and misdirected callbacks"))
             url = CI_CALLBACKS["main"]
-            _refused(console, "a callback whose token was altered", lambda: system.deliver_callback(url[:-4] + "AAAA", "green"))
+            _refused(
+                console,
+                "a callback whose token was altered",
+                lambda: system.deliver_callback(url[:-4] + "AAAA", "green"),
+            )
             watch_id = _call_id(system, thread_id, "watch_pull_requests")
             moved = url.replace(_call_id(system, thread_id, "run_build"), watch_id)
-            _refused(console, "a token replayed against another call", lambda: system.deliver_callback(moved, "green"))
-            _refused(console, "a result for a call the agent never made", lambda: system.deliver(thread_id, "call_made_up", "green"))
+            _refused(
+                console,
+                "a token replayed against another call",
+                lambda: system.deliver_callback(moved, "green"),
+            )
+            _refused(
+                console,
+                "a result for a call the agent never made",
+                lambda: system.deliver(thread_id, "call_made_up", "green"),
+            )
 
             console.print(Rule("3. twenty minutes later, CI calls back"))
             system.deliver_callback(url, "green, 1,204 tests passed", message_id="ci-build-main-1")
             system.run_until_idle()
-            _refused(console, "the same CI delivery again", lambda: system.deliver_callback(url, "green", message_id="ci-build-main-1"))
+            _refused(
+                console,
+                "the same CI delivery again",
+                lambda: system.deliver_callback(url, "green", message_id="ci-build-main-1"),
+            )
             _idle(system, console, thread_id)
 
             console.print(Rule("4. tomorrow, a pull request is opened"))
-            system.send_event(thread_id, watch_id, "PR #42 opened by dana: 'Retry flaky DB tests'", message_id="gh-delivery-42")
+            system.send_event(
+                thread_id,
+                watch_id,
+                "PR #42 opened by dana: 'Retry flaky DB tests'",
+                message_id="gh-delivery-42",
+            )
             system.run_until_idle()
             _idle(system, console, thread_id)
 
             console.print(Rule("result"))
             console.print(f"slices run: [bold]{system.slices_run}[/]")
-            console.print(f"stored size of the idle agent: [bold]{stored_bytes(system, thread_id):,} bytes[/]")
-            console.print(f"took {time.monotonic() - started_s:.2f} s; no server, no network, no API key")
+            console.print(
+                f"stored size of the idle agent: [bold]{stored_bytes(system, thread_id):,} bytes[/]"
+            )
+            console.print(
+                f"took {time.monotonic() - started_s:.2f} s; no server, no network, no API key"
+            )
             return system.slices_run
 
 

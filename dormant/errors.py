@@ -12,12 +12,14 @@
     │   ├── InvalidToken            forged, altered or expired callback capability
     │   ├── PayloadTooLarge
     │   ├── MalformedMessage
+    │   ├── ThreadBusy              user text while a slice runs ("reject" steering)
     │   └── DuplicateMessage        the message id was already received
     ├── ModelError                  the provider failed
     │   ├── ModelRetryable          rate limit, 5xx, dropped or truncated stream
     │   └── ModelFatal              bad request, auth: retrying cannot help
     └── ControlSignal               not failures: control flow between layers
         ├── LeaseLost               another slice owns the thread now
+        ├── SteeredAway             new user text cancels a running completion
         └── CrashPoint              raised at an armed test crash point
 
 Every message names the offending id, so a log line is enough to find the thread.
@@ -40,7 +42,9 @@ __all__ = [
     "ModelRetryable",
     "NotFound",
     "PayloadTooLarge",
+    "SteeredAway",
     "SubscriptionCancelled",
+    "ThreadBusy",
     "ThreadClosed",
     "UnknownAgent",
     "UnknownCall",
@@ -75,7 +79,9 @@ class UnknownCall(NotFound):
 
 class UnknownAgent(NotFound, ConfigurationError):
     def __init__(self, name: str, known: list[str]) -> None:
-        super().__init__(f"unknown agent {name!r}; registered: {', '.join(sorted(known)) or 'none'}")
+        super().__init__(
+            f"unknown agent {name!r}; registered: {', '.join(sorted(known)) or 'none'}"
+        )
         self.name = name
 
 
@@ -112,6 +118,16 @@ class MalformedMessage(MessageRejected):
     pass
 
 
+class ThreadBusy(MessageRejected):
+    """User text refused while a slice runs (an agent with ``steering="reject"``)."""
+
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(
+            f"thread {thread_id!r} is busy and its agent refuses text until it is done"
+        )
+        self.thread_id = thread_id
+
+
 class DuplicateMessage(MessageRejected):
     def __init__(self, thread_id: str, message_id: str) -> None:
         super().__init__(f"message {message_id!r} was already received by thread {thread_id!r}")
@@ -142,6 +158,12 @@ class ControlSignal(DormantError):
 class LeaseLost(ControlSignal):
     def __init__(self, thread_id: str) -> None:
         super().__init__(f"lease on thread {thread_id!r} was lost to another slice")
+        self.thread_id = thread_id
+
+
+class SteeredAway(ControlSignal):
+    def __init__(self, thread_id: str) -> None:
+        super().__init__(f"new user text for thread {thread_id!r} cancels the running completion")
         self.thread_id = thread_id
 
 

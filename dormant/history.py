@@ -8,7 +8,10 @@ The rules (DESIGN section 5):
 - The first result for a pending call answers it. A later result is an event if the call
   is an active subscription, a "late result" event if the call was interrupted, and a
   duplicate otherwise.
-- Events are shown as one ``EventShown`` row (a synthetic call and its result).
+- Events are threaded by default: each spawns a temporary child (``EventSpawn``) and the
+  subscriber's history is unchanged. Associative events, child reports, parent messages
+  and late results are shown inline as one ``EventShown`` row (a synthetic call and its
+  result).
 - While a non-passive call is pending, events and reports are deferred, in order, until
   every pending call is answered; a batch that does not settle the call flushes nothing.
 - An event that arrives while only passive calls (sleep, wait_for_event) are pending wakes
@@ -39,6 +42,7 @@ from dormant.stores.base import CallRecord, CallState, InboxRow, ThreadInfo, Thr
 __all__ = [
     "INTERRUPTED",
     "Applied",
+    "EventSpawn",
     "apply_inbox",
     "new_call_id",
     "pending",
@@ -57,6 +61,15 @@ def pending(calls: dict[str, CallRecord]) -> list[CallRecord]:
     return sorted((c for c in calls.values() if c.state is CallState.PENDING), key=lambda c: c.seq)
 
 
+@dataclass(frozen=True)
+class EventSpawn:
+    """A threaded event: a temporary child of the subscriber will process it."""
+
+    row: InboxRow
+    call: CallRecord
+    content: str
+
+
 @dataclass
 class Applied:
     """What applying the inbox decided; the slice turns it into a ``Commit``."""
@@ -67,6 +80,7 @@ class Applied:
     done: list[int] = field(default_factory=list)
     rejected: list[tuple[InboxRow, str]] = field(default_factory=list)
     deferred: list[InboxRow] = field(default_factory=list)
+    spawns: list[EventSpawn] = field(default_factory=list)
     woke: bool = False
     """Something arrived that the model should see."""
 
@@ -120,8 +134,9 @@ class _Rules:
                 self._result(row, result)
             case EventMessage(call_id=call_id, content=content, final=final):
                 self._event(row, call_id, content, final=final)
-            case ChildReport(call_id=call_id, content=content) | ParentMessage(
-                call_id=call_id, content=content
+            case (
+                ChildReport(call_id=call_id, content=content)
+                | ParentMessage(call_id=call_id, content=content)
             ):
                 self._event(row, call_id, content, final=False)
 
@@ -150,21 +165,30 @@ class _Rules:
                 # Never drop a real result: show it as a late event on that call.
                 self._event(row, call.call_id, f"late result: {result.content}", final=False)
             case CallState.SUBSCRIBED:
-                self._event(row, call.call_id, result.content, final=False)
+                self._event(row, call.call_id, result.content, final=False, threaded=True)
             case CallState.CANCELLED:
                 self._reject(row, f"subscription {call.call_id!r} is no longer active")
             case CallState.ANSWERED:
                 self._skip(row, f"duplicate: call {call.call_id!r} was already answered")
 
-    def _event(self, row: InboxRow, call_id: str, content: str, *, final: bool) -> None:
+    def _event(
+        self, row: InboxRow, call_id: str, content: str, *, final: bool, threaded: bool = False
+    ) -> None:
         call = self._call(row, call_id)
         if call is None:
             return
         if call.state is CallState.CANCELLED:
             self._reject(row, f"subscription {call_id!r} is no longer active")
             return
-        if call.state is CallState.ANSWERED and not call.subscription and call.name != "spawn_thread":
+        if call.state is CallState.ANSWERED and not call.subscription:
             self._reject(row, f"call {call_id!r} is not a subscription and is already answered")
+            return
+        if threaded and call.state is not CallState.PENDING:
+            # The subscriber's history is unchanged, so nothing it waits on is disturbed.
+            if final:
+                self.out.set_state(call, CallState.CANCELLED)
+            self.out.spawns.append(EventSpawn(row, call, content))
+            self.out.done.append(row.id)
             return
         if _blocking(self.out.calls):
             self.out.deferred.append(row)
@@ -172,7 +196,9 @@ class _Rules:
         self._wake_passive()
         if call.state is CallState.INTERRUPTED:
             # A late first result: from now on the call is answered (or a live subscription).
-            self.out.set_state(call, CallState.SUBSCRIBED if call.subscription else CallState.ANSWERED)
+            self.out.set_state(
+                call, CallState.SUBSCRIBED if call.subscription else CallState.ANSWERED
+            )
         if final and call.subscription:
             self.out.set_state(self.out.calls[call_id], CallState.CANCELLED)
         shown = EventShown(
@@ -194,7 +220,10 @@ class _Rules:
         for call in pending(self.out.calls):
             self.out.set_state(call, CallState.INTERRUPTED)
             self.out.items.append(
-                (f"{call.call_id}:interrupted", ToolResult(call_id=call.call_id, name=call.name, content=INTERRUPTED))
+                (
+                    f"{call.call_id}:interrupted",
+                    ToolResult(call_id=call.call_id, name=call.name, content=INTERRUPTED),
+                )
             )
 
     def _wake_passive(self) -> None:
@@ -202,7 +231,10 @@ class _Rules:
             if call.passive:
                 self.out.set_state(call, CallState.ANSWERED)
                 self.out.items.append(
-                    (f"{call.call_id}:woken", ToolResult(call_id=call.call_id, name=call.name, content=WOKEN_BY_EVENT))
+                    (
+                        f"{call.call_id}:woken",
+                        ToolResult(call_id=call.call_id, name=call.name, content=WOKEN_BY_EVENT),
+                    )
                 )
 
     def _append(self, row: InboxRow, item: Item) -> None:

@@ -102,7 +102,9 @@ class LocalSystem(BaseClient):
             agents=registry,
             settings=settings,
         )
-        self._sweeper = threading.Thread(target=self._sweep_loop, name="dormant-sweeper", daemon=True)
+        self._sweeper = threading.Thread(
+            target=self._sweep_loop, name="dormant-sweeper", daemon=True
+        )
         self._sweeper.start()
 
     # lifecycle ------------------------------------------------------------------------
@@ -111,7 +113,10 @@ class LocalSystem(BaseClient):
         return self
 
     def __exit__(
-        self, kind: type[BaseException] | None, error: BaseException | None, tb: TracebackType | None
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.close()
 

@@ -123,7 +123,9 @@ class Summary(_Frozen):
     upto_seq: int
 
 
-Item = Annotated[UserText | AssistantTurn | ToolResult | EventShown | Summary, Field(discriminator="kind")]
+Item = Annotated[
+    UserText | AssistantTurn | ToolResult | EventShown | Summary, Field(discriminator="kind")
+]
 ItemAdapter: TypeAdapter[Item] = TypeAdapter(Item)
 
 
@@ -161,6 +163,8 @@ class ChildReport(_Frozen):
     call_id: str
     child_thread_id: str
     content: str
+    final: bool = False
+    """The child closed: its spawn call takes no more reports."""
 
 
 class ParentMessage(_Frozen):

@@ -33,12 +33,18 @@ def verify(keys: Sequence[str], token: str, thread_id: str, call_id: str, now_s:
     if not expiry.isdigit() or not mac:
         raise InvalidToken(f"malformed callback token for call {call_id!r} of thread {thread_id!r}")
     if not any(hmac.compare_digest(mac, _mac(k, thread_id, call_id, int(expiry))) for k in keys):
-        raise InvalidToken(f"callback token does not match call {call_id!r} of thread {thread_id!r}")
+        raise InvalidToken(
+            f"callback token does not match call {call_id!r} of thread {thread_id!r}"
+        )
     if int(expiry) < now_s:
-        raise InvalidToken(f"callback token for call {call_id!r} of thread {thread_id!r} has expired")
+        raise InvalidToken(
+            f"callback token for call {call_id!r} of thread {thread_id!r} has expired"
+        )
 
 
-def callback_url(base_url: str, keys: Sequence[str], thread_id: str, call_id: str, expires_at_s: int) -> str:
+def callback_url(
+    base_url: str, keys: Sequence[str], thread_id: str, call_id: str, expires_at_s: int
+) -> str:
     token = sign(keys, thread_id, call_id, expires_at_s)
     return f"{base_url.rstrip('/')}/{quote(thread_id, safe='')}/{quote(call_id, safe='')}?token={token}"
 

@@ -21,7 +21,9 @@ from dormant.tools.runner import execute_outbox
 class Harness(BaseClient):
     """A client whose wake-ups and dispatches are recorded, and run only when asked."""
 
-    def __init__(self, *agents: Agent, settings: Settings | None = None, store: Store | None = None) -> None:
+    def __init__(
+        self, *agents: Agent, settings: Settings | None = None, store: Store | None = None
+    ) -> None:
         settings = (settings or Settings(model_backoff_s=0.0)).with_ephemeral_secret()
         super().__init__(store or MemoryStore(), MemoryDedup(), settings, AgentRegistry(agents))
         self.lease = MemoryLease()
@@ -59,7 +61,9 @@ class Harness(BaseClient):
     def run_tools(self) -> int:
         rows, self.outbox = self.outbox, []
         for row in rows:
-            execute_outbox(row, self.store, self.deps.agents, self, self.callback_url, self.deps.crash)
+            execute_outbox(
+                row, self.store, self.deps.agents, self, self.callback_url, self.deps.crash
+            )
         return len(rows)
 
     def settle(self, thread_id: str, max_steps: int = 20) -> SliceOutcome:
@@ -67,13 +71,17 @@ class Harness(BaseClient):
         outcome = self.step(thread_id)
         for _ in range(max_steps):
             ran = self.run_tools()
-            if not ran and not self.store.has_pending_after(thread_id, self.store.thread(thread_id).inbox_seen):
+            if not ran and not self.store.has_pending_after(
+                thread_id, self.store.thread(thread_id).inbox_seen
+            ):
                 return outcome
             outcome = self.step(thread_id)
         raise AssertionError(f"thread {thread_id} did not settle in {max_steps} steps")
 
     def arm(self, *points: str) -> None:
-        self.deps = replace(self.deps, settings=replace(self.deps.settings, crash_points=frozenset(points)))
+        self.deps = replace(
+            self.deps, settings=replace(self.deps.settings, crash_points=frozenset(points))
+        )
 
     def restart(self) -> None:
         """A new process: armed crash points gone, leases of the dead holder expired."""
@@ -107,7 +115,8 @@ def last_is(kind: type[Item]) -> Callable[[Sequence[Item]], bool]:
 
 
 def user_or_result(
-    on_user: Callable[[Sequence[Item]], Completion], on_result: Callable[[Sequence[Item]], Completion]
+    on_user: Callable[[Sequence[Item]], Completion],
+    on_result: Callable[[Sequence[Item]], Completion],
 ) -> Callable[[Sequence[Item]], Completion]:
     """A script answering user text one way and anything else (results, events) another."""
 

@@ -35,7 +35,11 @@ def make() -> Harness:
 def assert_exactly_once(h: Harness, t: str) -> None:
     items = h.history(t)
     assert [type(i).__name__ for i in items] == [
-        "UserText", "AssistantTurn", "ToolResult", "ToolResult", "AssistantTurn",
+        "UserText",
+        "AssistantTurn",
+        "ToolResult",
+        "ToolResult",
+        "AssistantTurn",
     ]
     turn = items[1]
     assert isinstance(turn, AssistantTurn)

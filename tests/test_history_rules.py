@@ -125,7 +125,7 @@ def test_redelivered_message_id_is_refused_and_history_is_unchanged() -> None:
     assert len(results(h.history(t))) == 1
 
 
-def test_later_results_on_a_subscription_are_shown_as_synthetic_event_calls() -> None:
+def test_an_associative_event_is_shown_inline_as_a_synthetic_call() -> None:
     h = Harness(agent_with(on_user(call("watch_prs", repo="acme/api")))[0])
     t = h.launch("a", "watch PRs")
     h.step(t)
@@ -133,7 +133,7 @@ def test_later_results_on_a_subscription_are_shown_as_synthetic_event_calls() ->
     h.step(t)
     watch = the_call(h, t, "watch_prs")
     assert h.store.call(t, watch).state is CallState.SUBSCRIBED
-    h.deliver(t, watch, "PR #42 opened")
+    h.send_event(t, watch, "PR #42 opened", associative=True)
     h.step(t)
     event = next(i for i in h.history(t) if isinstance(i, EventShown))
     assert event.content == "PR #42 opened"
@@ -159,7 +159,7 @@ def test_events_are_deferred_while_a_non_passive_call_is_pending() -> None:
     h.deps.agents.get_agent("a").model.script = on_user(call("run_build", target="main"))  # type: ignore[union-attr]
     h.step(t)
     build = the_call(h, t, "run_build")
-    h.send_event(t, watch, "PR #7 opened")
+    h.send_event(t, watch, "PR #7 opened", associative=True)
     assert isinstance(h.step(t), Waiting)
     assert not any(isinstance(i, EventShown) for i in h.history(t))
     assert h.store.inbox(t, InboxState.PENDING)[0].message.content == "PR #7 opened"  # type: ignore[union-attr]
@@ -170,22 +170,30 @@ def test_events_are_deferred_while_a_non_passive_call_is_pending() -> None:
 
 
 def test_a_stale_result_does_not_flush_deferred_events() -> None:
-    h = Harness(agent_with(on_user(call("watch_prs", repo="r"), call("run_build", target="x")))[0])
+    script = on_user(
+        call("watch_prs", repo="r"), call("run_build", target="x"), call("add", a=1, b=2)
+    )
+    h = Harness(agent_with(script)[0])
     t = h.launch("a", "go")
     h.step(t)
-    watch, build = the_call(h, t, "watch_prs"), the_call(h, t, "run_build")
-    h.deliver(t, watch, "watching")
+    h.run_tools()
     h.step(t)
-    h.send_event(t, watch, "PR #1")
-    h.deliver(t, watch, "watching", message_id="stale-redelivery")  # a late duplicate: an event
+    watch, build, add_id = (the_call(h, t, n) for n in ("watch_prs", "run_build", "add"))
+    h.send_event(t, watch, "PR #1", associative=True)
+    h.deliver(t, add_id, "3", message_id="stale-redelivery")  # a duplicate: settles nothing
     h.step(t)
     assert h.store.call(t, build).state is CallState.PENDING
     assert not any(isinstance(i, EventShown) for i in h.history(t))
-    assert len(h.store.inbox(t, InboxState.PENDING)) == 2
+    assert [r.message_id for r in h.store.inbox(t, InboxState.PENDING)] != []
+    h.deliver(t, build, "green")
+    h.step(t)
+    assert [i.content for i in h.history(t) if isinstance(i, EventShown)] == ["PR #1"]
 
 
 def test_user_text_interrupts_every_pending_call() -> None:
-    h = Harness(agent_with(on_user(call("run_build", target="a"), call("run_build", target="b")))[0])
+    h = Harness(
+        agent_with(on_user(call("run_build", target="a"), call("run_build", target="b")))[0]
+    )
     t = h.launch("a", "build both")
     h.step(t)
     h.send(t, "stop, never mind")
@@ -221,7 +229,7 @@ def test_late_subscription_result_after_interruption_keeps_the_subscription_acti
     h.deliver(t, watch, "watching r")
     h.step(t)
     assert h.store.call(t, watch).state is CallState.SUBSCRIBED
-    h.send_event(t, watch, "PR #9")
+    h.send_event(t, watch, "PR #9", associative=True)
     h.step(t)
     assert [e.content for e in h.history(t) if isinstance(e, EventShown)][-1] == "PR #9"
 
@@ -238,7 +246,9 @@ def test_several_queued_messages_are_applied_in_one_slice_with_one_completion() 
 
 
 def test_parallel_tool_calls_are_all_recorded_and_dispatched() -> None:
-    a, model = agent_with(on_user(call("add", a=1, b=2), call("add", a=3, b=4), call("run_build", target="x")))
+    a, model = agent_with(
+        on_user(call("add", a=1, b=2), call("add", a=3, b=4), call("run_build", target="x"))
+    )
     h = Harness(a)
     t = h.launch("a", "go")
     outcome = h.step(t)
@@ -308,7 +318,14 @@ def test_a_tool_exception_becomes_an_error_result() -> None:
 
 
 def test_events_after_cancel_subscription_are_refused_with_a_reason() -> None:
-    answers = iter([reply("", call("watch_prs", "w1", repo="r")), reply("watching"), reply("", call("cancel_subscription", call_id="w1")), reply("cancelled")])
+    answers = iter(
+        [
+            reply("", call("watch_prs", "w1", repo="r")),
+            reply("watching"),
+            reply("", call("cancel_subscription", call_id="w1")),
+            reply("cancelled"),
+        ]
+    )
     a, _ = agent_with(lambda items: next(answers))
     h = Harness(a)
     t = h.launch("a", "watch")
@@ -316,7 +333,9 @@ def test_events_after_cancel_subscription_are_refused_with_a_reason() -> None:
     h.send(t, "stop watching")
     h.settle(t)
     assert h.store.call(t, "w1").state is CallState.CANCELLED
-    assert [r.action for r in h.store.undispatched(h.store.thread(t).created_at.replace(year=2100))] == []
+    assert [
+        r.action for r in h.store.undispatched(h.store.thread(t).created_at.replace(year=2100))
+    ] == []
     with pytest.raises(SubscriptionCancelled, match="w1"):
         h.send_event(t, "w1", "PR #3")
     assert not any(isinstance(i, EventShown) for i in h.history(t))
@@ -386,7 +405,9 @@ def test_rejected_rows_carry_a_reason_and_emit_a_rejected_event() -> None:
 
 
 def test_model_reused_call_ids_get_fresh_ones_so_each_call_has_one_result() -> None:
-    answers = iter([reply("", call("add", "same", a=1, b=1), call("add", "same", a=2, b=2)), reply("ok")])
+    answers = iter(
+        [reply("", call("add", "same", a=1, b=1), call("add", "same", a=2, b=2)), reply("ok")]
+    )
     a, _ = agent_with(lambda items: next(answers))
     h = Harness(a)
     t = h.launch("a", "hi")

@@ -38,7 +38,9 @@ def turns(items: Sequence[Item]) -> list[AssistantTurn]:
 
 
 def settings(**overrides: object) -> Settings:
-    return Settings(model_attempts=2, model_backoff_s=0.0, stall_after_failures=2).with_(**overrides)
+    return Settings(model_attempts=2, model_backoff_s=0.0, stall_after_failures=2).with_(
+        **overrides
+    )
 
 
 def test_a_retried_stream_stores_one_clean_turn() -> None:

@@ -29,7 +29,9 @@ def test_sleep_starts_a_durable_timer_that_fires_once_and_wakes_the_thread() -> 
     h.sweep()  # a second sweep must not fire the timer again
     assert h.woken.count(t) == 2  # once for launch, once for the timer
     assert isinstance(h.step(t), Idle)
-    assert results(h.history(t)) == [ToolResult(call_id="s1", name="sleep", content="Slept for 0 seconds.")]
+    assert results(h.history(t)) == [
+        ToolResult(call_id="s1", name="sleep", content="Slept for 0 seconds.")
+    ]
 
 
 def test_a_future_timer_does_not_fire_early() -> None:
@@ -53,7 +55,7 @@ def test_an_event_wakes_a_sleeping_thread_early_and_cancels_its_timer() -> None:
     t = h.launch("a", "watch then sleep")
     h.settle(t)
     assert h.store.call(t, "s1").state is CallState.PENDING
-    h.send_event(t, "w1", "PR #1")
+    h.send_event(t, "w1", "PR #1", associative=True)
     assert isinstance(h.step(t), Idle)
     kinds = [type(i).__name__ for i in h.history(t)[-3:]]
     assert kinds == ["ToolResult", "EventShown", "AssistantTurn"]
@@ -71,7 +73,7 @@ def test_wait_for_event_is_answered_when_an_event_arrives() -> None:
     t = h.launch("a", "watch and wait")
     outcome = h.settle(t)
     assert isinstance(outcome, Waiting) and outcome.call_ids == ("w2",)
-    h.send_event(t, "w1", "PR #2")
+    h.send_event(t, "w1", "PR #2", associative=True)
     assert isinstance(h.step(t), Idle)
     assert any(isinstance(i, EventShown) and i.content == "PR #2" for i in h.history(t))
 

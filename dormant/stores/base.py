@@ -162,6 +162,10 @@ class NewThread:
     fork_seq: int | None = None
     root_id: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+    items: list[StoredItem] = field(default_factory=list)
+    """The child's first own items (results it owes for calls of the inherited fork turn)."""
+    calls: list[CallRecord] = field(default_factory=list)
+    """Calls the child knows from its parent (the spawn or subscription call it reports on)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +174,7 @@ class Snapshot:
 
     thread: ThreadInfo
     items: list[StoredItem]
+    """The model-visible history: inherited prefix, latest summary, own items."""
     calls: dict[str, CallRecord]
     inbox: list[InboxRow]
     next_seq: int
@@ -197,6 +202,9 @@ class Commit:
     """Call ids whose unfired timers are deleted (a sleep that was interrupted or woken)."""
     threads: list[NewThread] = field(default_factory=list)
     """Threads created by this commit (children spawned by the turn)."""
+    close_descendants: bool = False
+    """Close every open descendant and cancel their live subscriptions (a "cancel" outbox
+    row each, returned with this commit's rows so the hooks run)."""
     enqueue: list[tuple[str, str, Inbound, int]] = field(default_factory=list)
     """Messages for other threads, (thread_id, message_id, message, priority), written in
     the same transaction (a child's seed, a report to a parent); duplicates are ignored."""
@@ -218,8 +226,15 @@ class SliceStore(Protocol):
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None: ...
 
-    def has_pending_after(self, thread_id: str, inbox_id: int) -> bool:
-        """Whether a pending inbox row newer than ``inbox_id`` exists (arrived mid-slice)."""
+    def children(self, thread_id: str) -> list[ThreadInfo]:
+        """Direct children, oldest first."""
+        ...
+
+    def has_pending_after(
+        self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
+    ) -> bool:
+        """Whether a pending inbox row newer than ``inbox_id`` exists (arrived mid-slice),
+        counting only user text if ``user_text_only`` (steering)."""
         ...
 
 
@@ -228,9 +243,7 @@ class InboxStore(Protocol):
         """Create a thread; raises ``DuplicateMessage`` if the id exists."""
         ...
 
-    def enqueue(
-        self, thread_id: str, message_id: str, message: Inbound, priority: int
-    ) -> InboxRow:
+    def enqueue(self, thread_id: str, message_id: str, message: Inbound, priority: int) -> InboxRow:
         """Queue a message; raises ``UnknownThread``, ``ThreadClosed``, ``UnknownCall``,
         ``SubscriptionCancelled`` or ``DuplicateMessage`` (unique (thread_id, message_id))."""
         ...
@@ -253,6 +266,10 @@ class QueryStore(Protocol):
 
     def history(self, thread_id: str) -> list[StoredItem]:
         """The model-visible history (inherited prefix, summaries, own items)."""
+        ...
+
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        """The thread's own stored items (no inheritance), up to ``upto_seq`` inclusive."""
         ...
 
     def call(self, thread_id: str, call_id: str) -> CallRecord: ...

@@ -41,6 +41,7 @@ from dormant.stores.base import (
     ThreadStatus,
     TimerRow,
 )
+from dormant.stores.lineage import visible_history
 
 __all__ = ["MemoryStore"]
 
@@ -104,7 +105,13 @@ class MemoryStore:
                 root_id=thread.root_id or thread.id,
                 metadata=dict(thread.metadata),
             )
-            self._threads[thread.id] = _Thread(info=_INFO.dump_json(info))
+            t = _Thread(info=_INFO.dump_json(info))
+            for stored in thread.items:
+                t.items += _ITEM.dump_json(stored) + b"\n"
+                t.remember(stored.message_id)
+            if thread.calls:
+                t.calls = _CALLS.dump_json({c.call_id: c for c in thread.calls})
+            self._threads[thread.id] = t
             return info
 
     def thread(self, thread_id: str) -> ThreadInfo:
@@ -135,7 +142,7 @@ class MemoryStore:
                 call = _CALLS.validate_json(t.calls).get(call_id)
                 if call is None:
                     raise UnknownCall(thread_id, call_id)
-                if call.state is CallState.CANCELLED and message.kind in ("result", "event"):
+                if call.state is CallState.CANCELLED:
                     raise SubscriptionCancelled(thread_id, call_id)
             return self._insert_row(t, thread_id, message_id, message, priority)
 
@@ -150,13 +157,29 @@ class MemoryStore:
         with self._lock:
             t = self._get(thread_id)
             info = self._info(t)
-            items = [_ITEM.validate_json(line) for line in t.items.splitlines()]
+            own = self.own_items(thread_id)
             inbox = sorted(
                 (r for r in self._pending.values() if r.thread_id == thread_id), key=lambda r: r.id
             )
-            base = info.fork_seq or 0
-            next_seq = items[-1].seq + 1 if items else base + 1
+            next_seq = own[-1].seq + 1 if own else (info.fork_seq or 0) + 1
+            items = visible_history(self, info)
             return Snapshot(info, items, _CALLS.validate_json(t.calls), inbox, next_seq)
+
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        with self._lock:
+            lines = self._get(thread_id).items.splitlines()
+        items = [_ITEM.validate_json(line) for line in lines]
+        return items if upto_seq is None else [i for i in items if i.seq <= upto_seq]
+
+    def children(self, thread_id: str) -> list[ThreadInfo]:
+        with self._lock:
+            self._get(thread_id)
+            kids = [
+                i
+                for i in (self._info(t) for t in self._threads.values())
+                if i.parent_id == thread_id
+            ]
+        return sorted(kids, key=lambda i: (i.created_at, i.id))
 
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
         with self._lock:
@@ -164,6 +187,9 @@ class MemoryStore:
             info = self._info(t)
             if info.version != commit.version:
                 return None
+            for new in commit.threads:  # validate before writing: a commit is all or nothing
+                if new.id in self._threads:
+                    raise DuplicateMessage(new.id, new.id)
             for stored in commit.items:
                 t.items += _ITEM.dump_json(stored) + b"\n"
                 if not t.seen(stored.message_id):
@@ -187,6 +213,8 @@ class MemoryStore:
             self._cancel_timers(commit.thread_id, set(commit.cancel_timers))
             for new in commit.threads:
                 self.create_thread(new)
+            if commit.close_descendants:
+                created += self._close_descendants(commit.thread_id, now)
             for thread_id, message_id, message, priority in commit.enqueue:
                 target = self._threads.get(thread_id)
                 if target is not None and not target.seen(message_id):
@@ -218,14 +246,22 @@ class MemoryStore:
                     # Dispatched rows are done with; keep nothing of them.
                     del self._outbox[row_id]
 
-    def has_pending_after(self, thread_id: str, inbox_id: int) -> bool:
+    def has_pending_after(
+        self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
+    ) -> bool:
         with self._lock:
-            return any(r.thread_id == thread_id and r.id > inbox_id for r in self._pending.values())
+            return any(
+                r.thread_id == thread_id
+                and r.id > inbox_id
+                and (not user_text_only or r.message.kind == "user")
+                for r in self._pending.values()
+            )
 
     # queries --------------------------------------------------------------------------
 
     def history(self, thread_id: str) -> list[StoredItem]:
-        return self.load(thread_id).items
+        with self._lock:
+            return visible_history(self, self._info(self._get(thread_id)))
 
     def call(self, thread_id: str, call_id: str) -> CallRecord:
         with self._lock:
@@ -331,6 +367,27 @@ class MemoryStore:
         )
         self._timers[row.id] = row
         heapq.heappush(self._timer_heap, (row.due_at, row.id))
+
+    def _close_descendants(self, thread_id: str, now: datetime) -> list[OutboxRow]:
+        """Close every open descendant; cancel their live subscriptions (cancel rows)."""
+        rows: list[OutboxRow] = []
+        for child in self.children(thread_id):
+            t = self._threads[child.id]
+            if child.status is not ThreadStatus.CLOSED:
+                calls = _CALLS.validate_json(t.calls)
+                for call in calls.values():
+                    if call.subscription and call.state in (
+                        CallState.PENDING,
+                        CallState.SUBSCRIBED,
+                    ):
+                        calls[call.call_id] = replace(call, state=CallState.CANCELLED)
+                        row = OutboxRow(next(self._ids), child.id, call.call_id, "cancel", now)
+                        self._outbox[row.id] = row
+                        rows.append(row)
+                t.calls = _CALLS.dump_json(calls)
+                self._update(t, status=ThreadStatus.CLOSED)
+            rows += self._close_descendants(child.id, now)
+        return rows
 
     def _cancel_timers(self, thread_id: str, call_ids: set[str]) -> None:
         if not call_ids:

@@ -7,17 +7,29 @@ cancel hook) go through the outbox like any tool dispatch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field
 
-from dormant.stores.base import CallRecord, CallState
+from dormant.stores.base import CallRecord, CallState, ThreadInfo, ThreadStatus
 from dormant.tools.base import Tool, arguments_model
 
-__all__ = ["BUILTINS", "Answer", "BuiltinContext", "Effect", "StartTimer", "Wait", "run_builtin"]
+__all__ = [
+    "BUILTINS",
+    "Answer",
+    "BuiltinContext",
+    "Close",
+    "Effect",
+    "MessageChild",
+    "Report",
+    "Spawn",
+    "StartTimer",
+    "Wait",
+    "run_builtin",
+]
 
 MAX_SLEEP_S = 366 * 24 * 3600.0
 
@@ -41,13 +53,41 @@ class Wait:
     """The call stays pending until something else answers it (an event)."""
 
 
-Effect = Answer | StartTimer | Wait
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Start a child thread that inherits this history up to the spawning turn."""
+
+    instructions: str
+
+
+@dataclass(frozen=True, slots=True)
+class Report:
+    """Send a report to the parent, shown there as an event on the spawn call."""
+
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Close this thread (and its descendants), reporting to the parent if there is one."""
+
+    report: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class MessageChild:
+    child: ThreadInfo
+    content: str
+
+
+Effect = Answer | StartTimer | Wait | Spawn | Report | Close | MessageChild
 
 
 @dataclass(frozen=True, slots=True)
 class BuiltinContext:
-    thread_id: str
+    thread: ThreadInfo
     calls: Mapping[str, CallRecord]
+    children: Sequence[ThreadInfo]
     now: datetime
 
 
@@ -85,7 +125,9 @@ def run_builtin(name: str, args: BaseModel, ctx: BuiltinContext) -> Effect:
     passive=True,
 )
 def _sleep(args: Any, ctx: BuiltinContext) -> Effect:
-    return StartTimer(ctx.now + timedelta(seconds=args.seconds), f"Slept for {args.seconds:g} seconds.")
+    return StartTimer(
+        ctx.now + timedelta(seconds=args.seconds), f"Slept for {args.seconds:g} seconds."
+    )
 
 
 @_builtin(
@@ -128,3 +170,52 @@ def _cancel_subscription(args: Any, ctx: BuiltinContext) -> Effect:
     if call.state is CallState.CANCELLED:
         return Answer(f"Error: subscription {args.call_id!r} is already cancelled", is_error=True)
     return Answer(f"Subscription {args.call_id!r} cancelled.", cancel_call_id=call.call_id)
+
+
+@_builtin(
+    "spawn_thread",
+    "Start a child thread that knows this conversation so far and works on `instructions` "
+    "in parallel with you. Its reports reach you as events on this call.",
+    {"instructions": (Annotated[str, Field(min_length=1)], ...)},
+)
+def _spawn_thread(args: Any, ctx: BuiltinContext) -> Effect:
+    return Spawn(args.instructions)
+
+
+@_builtin(
+    "report_to_parent",
+    "Send a report to the thread that spawned you; it sees it as an event.",
+    {"report": (Annotated[str, Field(min_length=1)], ...)},
+)
+def _report_to_parent(args: Any, ctx: BuiltinContext) -> Effect:
+    if ctx.thread.parent_id is None:
+        return Answer("Error: this is a root thread; it has no parent to report to", is_error=True)
+    return Report(args.report)
+
+
+@_builtin(
+    "close_thread",
+    "Finish this child thread, optionally with a final report to the parent. Closing also "
+    "closes your own children and cancels your subscriptions.",
+    {"report": (str | None, None)},
+)
+def _close_thread(args: Any, ctx: BuiltinContext) -> Effect:
+    if ctx.thread.parent_id is None:
+        return Answer(
+            "Error: the root thread cannot close itself; it stays open for the user", is_error=True
+        )
+    return Close(args.report)
+
+
+@_builtin(
+    "send_message_to_child",
+    "Send a message to one of your child threads; it sees it as an event.",
+    {"thread_id": (str, ...), "message": (Annotated[str, Field(min_length=1)], ...)},
+)
+def _send_message_to_child(args: Any, ctx: BuiltinContext) -> Effect:
+    child = next((c for c in ctx.children if c.id == args.thread_id), None)
+    if child is None:
+        return Answer(f"Error: {args.thread_id!r} is not a child of this thread", is_error=True)
+    if child.status is ThreadStatus.CLOSED:
+        return Answer(f"Error: child thread {args.thread_id!r} is closed", is_error=True)
+    return MessageChild(child, args.message)

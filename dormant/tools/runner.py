@@ -44,7 +44,9 @@ def execute_outbox(
     tool = agents.get_agent(thread.agent).tool(call.name)
     ctx = ToolContext(row.thread_id, row.call_id, callback_url(row.thread_id, row.call_id), sink)
     if tool is None:
-        sink.tool_result(row.thread_id, row.call_id, f"Error: tool {call.name!r} is not installed", is_error=True)
+        sink.tool_result(
+            row.thread_id, row.call_id, f"Error: tool {call.name!r} is not installed", is_error=True
+        )
         return
     if row.action == "cancel":
         if tool.on_cancel is not None:
@@ -56,8 +58,16 @@ def execute_outbox(
     try:
         value = tool.invoke(call.args, ctx)
     except Exception as error:
-        log.warning("tool %s failed for call %s of thread %s", call.name, row.call_id, row.thread_id, exc_info=True)
-        sink.tool_result(row.thread_id, row.call_id, f"Error: {type(error).__name__}: {error}", is_error=True)
+        log.warning(
+            "tool %s failed for call %s of thread %s",
+            call.name,
+            row.call_id,
+            row.thread_id,
+            exc_info=True,
+        )
+        sink.tool_result(
+            row.thread_id, row.call_id, f"Error: {type(error).__name__}: {error}", is_error=True
+        )
         return
     if not tool.deferred:
         sink.tool_result(row.thread_id, row.call_id, as_text(value))

@@ -1,0 +1,61 @@
+"""Assemble a thread's model-visible history from its own items and its ancestors'.
+
+A child stores only its own items and inherits its parent's history up to ``fork_seq``
+by reference, recursively. Seqs continue along a lineage (a child's first own seq is
+``fork_seq + 1``), so one number orders everything a thread sees. A ``Summary`` is an
+ordinary item at its own position that stands for everything up to ``upto_seq``: a
+child spawned before a compaction forks below the summary's position and so never sees
+it, which keeps what it inherited exact.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from dormant.messages import Summary
+from dormant.stores.base import StoredItem, ThreadInfo
+
+__all__ = ["OwnItems", "visible_history"]
+
+
+class OwnItems(Protocol):
+    def thread(self, thread_id: str) -> ThreadInfo: ...
+
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]: ...
+
+
+def visible_history(reader: OwnItems, thread: ThreadInfo) -> list[StoredItem]:
+    """The history a model sees for ``thread``: ancestors' prefixes, then the latest
+    summary (if any) followed by every item after what it covers."""
+    segments: list[list[StoredItem]] = []
+    current: ThreadInfo | None = thread
+    limit: int | None = None
+    while current is not None:
+        own = reader.own_items(current.id, limit)
+        segments.append(own)
+        summary = _last_summary(own)
+        if summary is not None and summary.upto_seq >= (current.fork_seq or 0):
+            break  # this summary covers everything inherited: no need to read ancestors
+        if current.parent_id is None:
+            break
+        limit = current.fork_seq
+        current = reader.thread(current.parent_id)
+    raw = [item for segment in reversed(segments) for item in segment]
+    return compacted(raw)
+
+
+def compacted(raw: list[StoredItem]) -> list[StoredItem]:
+    """``raw`` as the model sees it: the latest summary first, then what it does not cover."""
+    last = next((s for s in reversed(raw) if isinstance(s.item, Summary)), None)
+    if last is None:
+        return raw
+    upto = last.item.upto_seq  # type: ignore[union-attr]
+    rest = [s for s in raw if s.seq > upto and not isinstance(s.item, Summary)]
+    return [last, *rest]
+
+
+def _last_summary(items: list[StoredItem]) -> Summary | None:
+    for stored in reversed(items):
+        if isinstance(stored.item, Summary):
+            return stored.item
+    return None
