@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from dormant.agents import AgentRegistry
-from dormant.errors import DuplicateMessage, PayloadTooLarge
+from dormant.errors import DuplicateMessage, PayloadTooLarge, ThreadBusy
 from dormant.history import pending
 from dormant.messages import (
     Event,
@@ -28,6 +28,7 @@ from dormant.messages import (
 from dormant.settings import Settings
 from dormant.stores.base import (
     DedupSet,
+    Lease,
     NewThread,
     NewTimer,
     Priority,
@@ -63,6 +64,8 @@ class BaseClient(ABC):
         self.dedup = dedup
         self.settings = settings
         self.agents = agents
+        self.lease: Lease | None = None
+        """Set by runtimes that can see leases: enables ``steering="reject"`` at send time."""
 
     @abstractmethod
     def wake(self, thread_id: str, priority: int) -> None:
@@ -96,8 +99,13 @@ class BaseClient(ABC):
         return thread.id
 
     def send(self, thread_id: str, text: str, *, message_id: str | None = None) -> str:
-        """Queue user text for a thread; returns the message id."""
+        """Queue user text for a thread; returns the message id.
+
+        Raises ``ThreadBusy`` when the thread's agent uses ``steering="reject"`` and a
+        slice of the thread is running (checked where the agents and leases are known).
+        """
         self._check_size(thread_id, text)
+        self._refuse_if_busy(thread_id)
         return self._enqueue(thread_id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
 
     def deliver(
@@ -211,6 +219,13 @@ class BaseClient(ABC):
         )
 
     # internals --------------------------------------------------------------------------
+
+    def _refuse_if_busy(self, thread_id: str) -> None:
+        if self.agents is None or self.lease is None:
+            return
+        agent = self.agents.get(self.store.thread(thread_id).agent)
+        if agent is not None and agent.steering == "reject" and self.lease.held(thread_id):
+            raise ThreadBusy(thread_id)
 
     def _check_size(self, thread_id: str, text: str) -> None:
         size = len(text.encode())

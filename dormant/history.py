@@ -132,12 +132,11 @@ class _Rules:
                 self._append(row, UserText(text=text))
             case ToolResultMessage() as result:
                 self._result(row, result)
-            case EventMessage(call_id=call_id, content=content, final=final):
+            case EventMessage(call_id=call_id, content=content, final=final, associative=inline):
+                self._event(row, call_id, content, final=final, threaded=not inline)
+            case ChildReport(call_id=call_id, content=content, final=final):
                 self._event(row, call_id, content, final=final)
-            case (
-                ChildReport(call_id=call_id, content=content)
-                | ParentMessage(call_id=call_id, content=content)
-            ):
+            case ParentMessage(call_id=call_id, content=content):
                 self._event(row, call_id, content, final=False)
 
     def _result(self, row: InboxRow, result: ToolResultMessage) -> None:

@@ -82,7 +82,7 @@ class LocalSystem(BaseClient):
         settings = (settings or Settings(database_url=database_url)).with_ephemeral_secret()
         registry = agents if isinstance(agents, AgentRegistry) else AgentRegistry(agents)
         super().__init__(store or open_store(database_url), MemoryDedup(), settings, registry)
-        self.lease = MemoryLease()
+        self.lease: MemoryLease = MemoryLease()
         self._log = _EventLog()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dormant")
         self._lock = threading.Lock()

@@ -21,6 +21,11 @@ ENV_NAMES = {
     "key_prefix": "DORMANT_KEY_PREFIX",
     "agents_module": "DORMANT_AGENTS",
     "crash_points": "DORMANT_CRASH_POINTS",
+    "lease_ttl_s": "DORMANT_LEASE_TTL_S",
+    "sweep_interval_s": "DORMANT_SWEEP_INTERVAL_S",
+    "outbox_grace_s": "DORMANT_OUTBOX_GRACE_S",
+    "visibility_timeout_s": "DORMANT_VISIBILITY_TIMEOUT_S",
+    "broker_key_prefix": "DORMANT_BROKER_KEY_PREFIX",
 }
 
 
@@ -43,6 +48,8 @@ class Settings:
     token_ttl_s: float = 7 * 24 * 3600.0
     max_message_bytes: int = 256 * 1024
     max_rounds_per_slice: int = 8
+    steer_check_s: float = 0.2
+    """How often a streaming completion of an ``interrupt``-steered agent looks for new text."""
     model_attempts: int = 4
     model_backoff_s: float = 0.5
     model_backoff_max_s: float = 30.0
@@ -52,6 +59,12 @@ class Settings:
     dedup_ttl_s: float = 24 * 3600.0
     crash_points: frozenset[str] = field(default_factory=frozenset)
     """Test-only: names of points in the slice where a worker dies on purpose."""
+    visibility_timeout_s: float = 3600.0
+    """Redis broker: an unacknowledged task is redelivered after this long, so it must
+    exceed the longest slice or tool run (a dead worker's tasks come back after it)."""
+    broker_key_prefix: str = ""
+    """Redis broker: a prefix for every key Celery uses (kombu's ``global_keyprefix``), so
+    several deployments (or test runs) can share one Redis database."""
 
     def __post_init__(self) -> None:
         if self.lease_ttl_s <= 0 or self.sweep_interval_s <= 0:
@@ -72,6 +85,8 @@ class Settings:
                 values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
             elif name == "crash_points":
                 values[name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
+            elif isinstance(getattr(cls, name, None), float):
+                values[name] = float(raw)
             else:
                 values[name] = raw
         values.update(overrides)

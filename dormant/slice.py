@@ -559,7 +559,7 @@ class _Slice:
             if not deps.lease.renew(self.thread_id, self.token, ttl_s):
                 raise LeaseLost(self.thread_id)
             self.renewed_at = now
-        if self.steering and now - self.steer_checked_at > STEER_CHECK_S:
+        if self.steering and now - self.steer_checked_at >= deps.settings.steer_check_s:
             self.steer_checked_at = now
             if deps.store.has_pending_after(self.thread_id, self.seen, user_text_only=True):
                 raise SteeredAway(self.thread_id)
@@ -589,6 +589,7 @@ class _Slice:
             calls=[applied.calls[cid] for cid in sorted(applied.changed)],
             done=applied.done,
             rejected=[(row.id, reason) for row, reason in applied.rejected],
+            deferred=[row.id for row in applied.deferred],
             outbox=turn.outbox,
             timers=turn.timers,
             cancel_timers=stopped,
@@ -640,8 +641,6 @@ class _Slice:
 
 
 _LIVE = (CallState.PENDING, CallState.SUBSCRIBED)
-STEER_CHECK_S = 0.2
-"""How often a completion of an ``interrupt``-steered agent looks for new user text."""
 
 COMPACTION_INSTRUCTIONS = (
     "Summarise the conversation so far for your own future reference: the user's goals, "

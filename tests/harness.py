@@ -26,7 +26,7 @@ class Harness(BaseClient):
     ) -> None:
         settings = (settings or Settings(model_backoff_s=0.0)).with_ephemeral_secret()
         super().__init__(store or MemoryStore(), MemoryDedup(), settings, AgentRegistry(agents))
-        self.lease = MemoryLease()
+        self.lease: MemoryLease = MemoryLease()
         self.log: list[Event] = []
         self.woken: list[str] = []
         self.outbox: list[OutboxRow] = []
@@ -77,6 +77,17 @@ class Harness(BaseClient):
                 return outcome
             outcome = self.step(thread_id)
         raise AssertionError(f"thread {thread_id} did not settle in {max_steps} steps")
+
+    def drain(self, max_rounds: int = 50) -> None:
+        """Run every thread's slices and every tool until nothing is left to do now."""
+        for _ in range(max_rounds):
+            ran = self.run_tools()
+            woken = self.store.threads_to_wake(limit=10_000)
+            for thread_id in woken:
+                self.step(thread_id)
+            if not ran and not woken:
+                return
+        raise AssertionError(f"work still pending after {max_rounds} rounds")
 
     def arm(self, *points: str) -> None:
         self.deps = replace(

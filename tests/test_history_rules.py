@@ -162,7 +162,7 @@ def test_events_are_deferred_while_a_non_passive_call_is_pending() -> None:
     h.send_event(t, watch, "PR #7 opened", associative=True)
     assert isinstance(h.step(t), Waiting)
     assert not any(isinstance(i, EventShown) for i in h.history(t))
-    assert h.store.inbox(t, InboxState.PENDING)[0].message.content == "PR #7 opened"  # type: ignore[union-attr]
+    assert h.store.inbox(t, InboxState.DEFERRED)[0].message.content == "PR #7 opened"  # type: ignore[union-attr]
     h.deliver(t, build, "green")
     h.step(t)
     kinds = [type(i).__name__ for i in h.history(t)[-3:]]
@@ -184,7 +184,7 @@ def test_a_stale_result_does_not_flush_deferred_events() -> None:
     h.step(t)
     assert h.store.call(t, build).state is CallState.PENDING
     assert not any(isinstance(i, EventShown) for i in h.history(t))
-    assert [r.message_id for r in h.store.inbox(t, InboxState.PENDING)] != []
+    assert [r.message_id for r in h.store.inbox(t, InboxState.DEFERRED)] != []
     h.deliver(t, build, "green")
     h.step(t)
     assert [i.content for i in h.history(t) if isinstance(i, EventShown)] == ["PR #1"]

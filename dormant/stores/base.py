@@ -66,6 +66,11 @@ class CallState(StrEnum):
 
 class InboxState(StrEnum):
     PENDING = "pending"
+    """Not yet looked at by a slice: the sweeper wakes threads that have such rows."""
+    DEFERRED = "deferred"
+    """Looked at and held back (an event while a call is pending); the next slice the
+    thread runs for another reason applies it. Recorded explicitly rather than inferred
+    from an id watermark, because rows may become visible out of id order."""
     DONE = "done"
     REJECTED = "rejected"
 
@@ -89,7 +94,7 @@ class ThreadInfo:
     """Consecutive slices that ended in a model failure."""
     last_error: str = ""
     inbox_seen: int = 0
-    """The highest inbox id a committed slice has looked at; deferred rows sit at or below it."""
+    """The highest inbox id a committed slice has looked at (informational)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +182,7 @@ class Snapshot:
     """The model-visible history: inherited prefix, latest summary, own items."""
     calls: dict[str, CallRecord]
     inbox: list[InboxRow]
+    """Pending and deferred rows, in inbox order."""
     next_seq: int
     """The seq the next own item gets (seqs continue the inherited prefix in a child)."""
 
@@ -195,6 +201,7 @@ class Commit:
     """Inserted or updated call records (upsert by (thread_id, call_id))."""
     done: list[int] = field(default_factory=list)
     rejected: list[tuple[int, str]] = field(default_factory=list)
+    deferred: list[int] = field(default_factory=list)
     outbox: list[tuple[str, str]] = field(default_factory=list)
     """(call_id, action) rows to dispatch after the commit."""
     timers: list[NewTimer] = field(default_factory=list)
@@ -285,7 +292,7 @@ class SweepStore(Protocol):
     def undispatched(self, older_than: datetime, limit: int = 100) -> list[OutboxRow]: ...
 
     def threads_to_wake(self, limit: int = 100) -> list[str]:
-        """Threads with pending inbox rows newer than their ``inbox_seen``."""
+        """Threads (not stalled) with inbox rows in state pending, longest-waiting first."""
         ...
 
     def next_timer_due(self) -> datetime | None: ...

@@ -61,7 +61,7 @@ class _Thread:
     items: bytearray = field(default_factory=bytearray)
     calls: bytes = b"{}"
     ids: bytearray = field(default_factory=lambda: bytearray(b"\n"))
-    """Every inbox and item message id, newline-framed: the durable dedup set."""
+    """Every inbox message id, newline-framed: the durable dedup set."""
     done: bytearray = field(default_factory=bytearray)
     """Finished inbox rows as JSON lines (for ``inbox()`` queries)."""
 
@@ -108,7 +108,6 @@ class MemoryStore:
             t = _Thread(info=_INFO.dump_json(info))
             for stored in thread.items:
                 t.items += _ITEM.dump_json(stored) + b"\n"
-                t.remember(stored.message_id)
             if thread.calls:
                 t.calls = _CALLS.dump_json({c.call_id: c for c in thread.calls})
             self._threads[thread.id] = t
@@ -192,8 +191,6 @@ class MemoryStore:
                     raise DuplicateMessage(new.id, new.id)
             for stored in commit.items:
                 t.items += _ITEM.dump_json(stored) + b"\n"
-                if not t.seen(stored.message_id):
-                    t.remember(stored.message_id)
             if commit.calls:
                 calls = _CALLS.validate_json(t.calls)
                 calls.update({c.call_id: c for c in commit.calls})
@@ -202,6 +199,10 @@ class MemoryStore:
                 self._finish(t, row_id, InboxState.DONE, "")
             for row_id, reason in commit.rejected:
                 self._finish(t, row_id, InboxState.REJECTED, reason)
+            for row_id in commit.deferred:
+                row = self._pending.get(row_id)
+                if row is not None and row.thread_id == commit.thread_id:
+                    self._pending[row_id] = replace(row, state=InboxState.DEFERRED)
             now = _now()
             created = []
             for call_id, action in commit.outbox:
@@ -253,6 +254,7 @@ class MemoryStore:
             return any(
                 r.thread_id == thread_id
                 and r.id > inbox_id
+                and r.state is InboxState.PENDING
                 and (not user_text_only or r.message.kind == "user")
                 for r in self._pending.values()
             )
@@ -306,10 +308,10 @@ class MemoryStore:
         with self._lock:
             wake: list[str] = []
             for row in sorted(self._pending.values(), key=lambda r: r.id):
-                if row.thread_id in wake:
+                if row.thread_id in wake or row.state is not InboxState.PENDING:
                     continue
                 info = self._info(self._threads[row.thread_id])
-                if info.status is not ThreadStatus.STALLED and row.id > info.inbox_seen:
+                if info.status is not ThreadStatus.STALLED:
                     wake.append(row.thread_id)
             return wake[:limit]
 
@@ -353,8 +355,9 @@ class MemoryStore:
         return row
 
     def _finish(self, t: _Thread, row_id: int, state: InboxState, reason: str) -> None:
-        row = self._pending.pop(row_id, None)
-        if row is not None:
+        row = self._pending.get(row_id)
+        if row is not None and self._threads.get(row.thread_id) is t:
+            del self._pending[row_id]
             t.done += _ROW.dump_json(replace(row, state=state, reason=reason)) + b"\n"
 
     def _add_timer(self, thread_id: str, timer: NewTimer) -> None:

@@ -169,9 +169,7 @@ def tool(
 
 def arguments_model(name: str, fields: dict[str, Any]) -> type[BaseModel]:
     """A strict arguments model named after the tool (used by built-ins too)."""
-    return create_model(  # type: ignore[call-overload]
-        f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields
-    )
+    return create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
 
 
 def _arguments_model(f: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:

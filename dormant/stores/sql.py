@@ -1,0 +1,408 @@
+"""The SQL history store: SQLite (the embedded default) and PostgreSQL, one code path.
+
+Every rule that matters is a SQL guarantee, never a check-then-write: the version guard is
+an ``UPDATE ... WHERE version = :expected``, dedup is a unique key, timers are claimed by a
+conditional ``UPDATE`` (with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL so sweepers never
+queue behind each other). SQLite write transactions start with ``BEGIN IMMEDIATE`` so two
+writers serialise on the lock instead of failing on a stale read snapshot.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Connection, Engine, case, create_engine, event, func, select, update
+from sqlalchemy.engine import URL, make_url
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.pool import StaticPool
+
+from dormant.errors import ConfigurationError, DuplicateMessage, UnknownCall, UnknownThread
+from dormant.messages import Inbound, InboundAdapter
+from dormant.stores import sql_rows as rows
+from dormant.stores.base import (
+    CallRecord,
+    Commit,
+    InboxRow,
+    InboxState,
+    NewThread,
+    NewTimer,
+    OutboxRow,
+    Priority,
+    Snapshot,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+)
+from dormant.stores.lineage import visible_history
+from dormant.stores.sql_rows import (
+    IS_OPEN,
+    IS_PENDING,
+    call_record,
+    calls,
+    inbox,
+    inbox_row,
+    inbox_values,
+    item_values,
+    items,
+    outbox,
+    outbox_row,
+    thread_info,
+    threads,
+    timers,
+)
+from dormant.stores.tables import as_utc
+
+__all__ = ["MIGRATIONS_DIR", "VERSION_TABLE", "SQLStore", "make_engine", "upgrade"]
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+VERSION_TABLE = "dormant_alembic_version"
+"""Not ``alembic_version``: an application's own migrations may share the database."""
+SQLITE_BUSY_TIMEOUT_MS = 5_000
+_SQLITE_BEGIN = "dormant_sqlite_begin"
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# Engines and migrations --------------------------------------------------------------
+
+
+def make_engine(database_url: str, *, echo: bool = False) -> Engine:
+    """An engine for ``sqlite://...`` or ``postgresql://...`` (driven by psycopg 3)."""
+    url = make_url(database_url)
+    if url.drivername in ("postgresql", "postgres"):
+        url = url.set(drivername="postgresql+psycopg")
+    backend = url.get_backend_name()
+    if backend == "sqlite":
+        return _sqlite_engine(url, echo)
+    if backend == "postgresql":
+        return create_engine(url, echo=echo, pool_pre_ping=True)
+    shown = url.render_as_string(hide_password=True)
+    raise ConfigurationError(f"unsupported database {shown!r}: use sqlite:// or postgresql://")
+
+
+def _is_memory(url: URL) -> bool:
+    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+
+
+def _sqlite_engine(url: URL, echo: bool) -> Engine:
+    if _is_memory(url):
+        # One connection for the engine's lifetime: a second would open an empty database.
+        engine = create_engine(
+            url, echo=echo, poolclass=StaticPool, connect_args={"check_same_thread": False}
+        )
+    else:
+        engine = create_engine(url, echo=echo)
+    event.listen(engine, "connect", _sqlite_connect)
+    event.listen(engine, "begin", _sqlite_begin)
+    return engine
+
+
+def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
+    """Take transaction control from the sqlite3 module (it never BEGINs before a SELECT)."""
+    dbapi_connection.isolation_level = None
+    cursor = dbapi_connection.cursor()
+    cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+    cursor.execute("PRAGMA foreign_keys = ON")
+    cursor.execute("PRAGMA journal_mode = WAL")
+    cursor.execute("PRAGMA synchronous = NORMAL")
+    cursor.close()
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get(_SQLITE_BEGIN, 'DEFERRED')}")
+
+
+def _alembic_config(url: URL) -> Config:
+    """Alembic's configuration, built in code: the package ships no ``alembic.ini``."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
+    config.set_main_option(
+        "sqlalchemy.url", url.render_as_string(hide_password=False).replace("%", "%%")
+    )
+    config.set_main_option("version_table", VERSION_TABLE)
+    return config
+
+
+def _migrate(engine: Engine) -> None:
+    config = _alembic_config(engine.url)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
+
+
+def upgrade(database_url: str) -> None:
+    """Bring the database's schema to the newest shipped migration (``dormant db upgrade``)."""
+    engine = make_engine(database_url)
+    try:
+        _migrate(engine)
+    finally:
+        engine.dispose()
+
+
+# The store ---------------------------------------------------------------------------
+
+
+class SQLStore:
+    """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
+
+    ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
+    file and server databases are migrated by ``upgrade()``.
+    """
+
+    def __init__(self, database_url: str, *, echo: bool = False) -> None:
+        self._engine = make_engine(database_url, echo=echo)
+        self._postgres = self._engine.dialect.name == "postgresql"
+        memory = _is_memory(self._engine.url)
+        # A StaticPool's one connection must never carry two transactions at once.
+        self._serial: AbstractContextManager[Any] = threading.RLock() if memory else nullcontext()
+        if memory:
+            _migrate(self._engine)
+
+    @contextmanager
+    def _tx(self, *, write: bool = False, snapshot: bool = False) -> Iterator[Connection]:
+        """One transaction; ``write`` takes SQLite's lock up front, ``snapshot`` makes
+        PostgreSQL reads agree with each other."""
+        with self._serial, self._engine.connect() as conn:
+            if write:
+                conn.execution_options(**{_SQLITE_BEGIN: "IMMEDIATE"})
+            if snapshot and self._postgres:
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
+
+    # threads -------------------------------------------------------------------------
+
+    def create_thread(self, thread: NewThread) -> ThreadInfo:
+        with self._tx(write=True) as conn:
+            return rows.create_thread(conn, thread, _now())
+
+    def thread(self, thread_id: str) -> ThreadInfo:
+        with self._tx() as conn:
+            return rows.get_thread(conn, thread_id)
+
+    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+        query = select(threads).order_by(threads.c.created_at.desc(), threads.c.id.desc())
+        if status is not None:
+            query = query.where(threads.c.status == status.value)
+        with self._tx() as conn:
+            return [thread_info(r) for r in conn.execute(query.limit(limit)).mappings()]
+
+    def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
+        return self._update_thread(
+            thread_id, status=status.value, failures=0, last_error="", updated_at=_now()
+        )
+
+    def record_failure(self, thread_id: str, error: str, stall_after: int) -> ThreadInfo:
+        stalls = threads.c.failures + 1 >= stall_after
+        return self._update_thread(
+            thread_id,
+            failures=threads.c.failures + 1,
+            last_error=error,
+            status=case((stalls, ThreadStatus.STALLED.value), else_=threads.c.status),
+            updated_at=_now(),
+        )
+
+    def _update_thread(self, thread_id: str, **values: Any) -> ThreadInfo:
+        """Change a thread outside a commit; every change moves the version (fencing)."""
+        stmt = (
+            update(threads)
+            .where(threads.c.id == thread_id)
+            .values(version=threads.c.version + 1, **values)
+            .returning(*threads.c)
+        )
+        with self._tx(write=True) as conn:
+            row = conn.execute(stmt).mappings().first()
+        if row is None:
+            raise UnknownThread(thread_id)
+        return thread_info(row)
+
+    # inbox ---------------------------------------------------------------------------
+
+    def enqueue(self, thread_id: str, message_id: str, message: Inbound, priority: int) -> InboxRow:
+        values = inbox_values(thread_id, message_id, message, priority, _now())
+        try:
+            with self._tx(write=True) as conn:
+                rows.check_inbound(conn, thread_id, message)
+                row = conn.execute(inbox.insert().values(values).returning(*inbox.c))
+                return inbox_row(row.mappings().one())
+        except IntegrityError as exc:
+            if rows.is_unique_violation(exc):
+                raise DuplicateMessage(thread_id, message_id) from exc
+            raise
+
+    def add_timer(self, thread_id: str, timer: NewTimer) -> None:
+        with self._tx(write=True) as conn:
+            rows.get_thread(conn, thread_id)
+            rows.insert_timers(conn, thread_id, [timer])
+
+    def has_pending_after(
+        self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
+    ) -> bool:
+        query = select(inbox.c.id).where(
+            inbox.c.thread_id == thread_id, IS_PENDING, inbox.c.id > inbox_id
+        )
+        if user_text_only:
+            query = query.where(inbox.c.kind == "user")
+        with self._tx() as conn:
+            return conn.execute(query.limit(1)).first() is not None
+
+    def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
+        query = select(inbox).where(inbox.c.thread_id == thread_id).order_by(inbox.c.id)
+        if state is not None:
+            query = query.where(inbox.c.state == state.value)
+        with self._tx() as conn:
+            found = [inbox_row(r) for r in conn.execute(query).mappings()]
+            if not found:
+                rows.get_thread(conn, thread_id)
+            return found
+
+    # slice ---------------------------------------------------------------------------
+
+    def load(self, thread_id: str) -> Snapshot:
+        with self._tx(snapshot=True) as conn:
+            info = rows.get_thread(conn, thread_id)
+            own = rows.own_items(conn, thread_id)
+            call_rows = conn.execute(select(calls).where(calls.c.thread_id == thread_id))
+            pending = conn.execute(
+                select(inbox).where(inbox.c.thread_id == thread_id, IS_OPEN).order_by(inbox.c.id)
+            ).mappings()
+            return Snapshot(
+                thread=info,
+                items=visible_history(rows.ConnectionReader(conn), info),
+                calls={r["call_id"]: call_record(r) for r in call_rows.mappings()},
+                inbox=[inbox_row(r) for r in pending],
+                next_seq=own[-1].seq + 1 if own else (info.fork_seq or 0) + 1,
+            )
+
+    def history(self, thread_id: str) -> list[StoredItem]:
+        with self._tx(snapshot=True) as conn:
+            info = rows.get_thread(conn, thread_id)
+            return visible_history(rows.ConnectionReader(conn), info)
+
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        with self._tx(snapshot=True) as conn:
+            rows.get_thread(conn, thread_id)
+            return rows.own_items(conn, thread_id, upto_seq)
+
+    def children(self, thread_id: str) -> list[ThreadInfo]:
+        with self._tx() as conn:
+            rows.get_thread(conn, thread_id)
+            return rows.children(conn, thread_id)
+
+    def call(self, thread_id: str, call_id: str) -> CallRecord:
+        query = select(calls).where(calls.c.thread_id == thread_id, calls.c.call_id == call_id)
+        with self._tx() as conn:
+            row = conn.execute(query).mappings().first()
+            if row is None:
+                rows.get_thread(conn, thread_id)
+                raise UnknownCall(thread_id, call_id)
+            return call_record(row)
+
+    def commit(self, commit: Commit) -> list[OutboxRow] | None:
+        now = _now()
+        with self._tx(write=True) as conn:
+            if not rows.advance_thread(conn, commit, now):
+                rows.get_thread(conn, commit.thread_id)
+                return None
+            tid = commit.thread_id
+            if commit.items:
+                conn.execute(items.insert(), [item_values(tid, s) for s in commit.items])
+            rows.upsert_calls(conn, tid, commit.calls)
+            rows.finish_rows(conn, tid, commit.done, commit.rejected, commit.deferred)
+            created = [rows.insert_outbox(conn, tid, c, a, now) for c, a in commit.outbox]
+            rows.insert_timers(conn, tid, commit.timers)
+            rows.cancel_timers(conn, tid, commit.cancel_timers)
+            for new in commit.threads:
+                rows.create_thread(conn, new, now)
+            if commit.close_descendants:
+                created += rows.close_descendants(conn, tid, now)
+            rows.enqueue_elsewhere(conn, commit.enqueue, now)
+            return created
+
+    def mark_dispatched(self, outbox_ids: list[int]) -> None:
+        if not outbox_ids:
+            return
+        with self._tx(write=True) as conn:
+            conn.execute(
+                update(outbox)
+                .where(outbox.c.id.in_(outbox_ids), outbox.c.dispatched_at.is_(None))
+                .values(dispatched_at=_now())
+            )
+
+    # sweeper -------------------------------------------------------------------------
+
+    def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
+        """Claim due timers and queue their messages, atomically per claim."""
+        now = as_utc(now)
+        due = (
+            select(timers)
+            .where(timers.c.fired_at.is_(None), timers.c.due_at <= now)
+            .order_by(timers.c.due_at, timers.c.id)
+            .limit(limit)
+        )
+        if self._postgres:
+            due = due.with_for_update(skip_locked=True)
+        fired: list[InboxRow] = []
+        with self._tx(write=True) as conn:
+            for timer in conn.execute(due).mappings().all():
+                if not rows.claim_timer(conn, timer["id"], now):
+                    continue
+                message = InboundAdapter.validate_python(timer["message"])
+                values = inbox_values(
+                    timer["thread_id"], timer["message_id"], message, Priority.BACKGROUND, now
+                )
+                row = rows.insert_inbox_ignoring_duplicates(conn, values)
+                if row is not None:
+                    fired.append(row)
+        return fired
+
+    def undispatched(self, older_than: datetime, limit: int = 100) -> list[OutboxRow]:
+        query = (
+            select(outbox)
+            .where(outbox.c.dispatched_at.is_(None), outbox.c.created_at <= as_utc(older_than))
+            .order_by(outbox.c.created_at, outbox.c.id)
+            .limit(limit)
+        )
+        with self._tx() as conn:
+            return [outbox_row(r) for r in conn.execute(query).mappings()]
+
+    def threads_to_wake(self, limit: int = 100) -> list[str]:
+        """Threads with rows no slice has looked at, the longest-waiting first; stalled
+        ones wait for ``retry``."""
+        query = (
+            select(inbox.c.thread_id)
+            .join(threads, threads.c.id == inbox.c.thread_id)
+            .where(
+                IS_PENDING,
+                threads.c.status != ThreadStatus.STALLED.value,
+            )
+            .group_by(inbox.c.thread_id)
+            .order_by(func.min(inbox.c.id))
+            .limit(limit)
+        )
+        with self._tx() as conn:
+            return list(conn.execute(query).scalars())
+
+    def next_timer_due(self) -> datetime | None:
+        query = (
+            select(timers.c.due_at)
+            .where(timers.c.fired_at.is_(None))
+            .order_by(timers.c.due_at)
+            .limit(1)
+        )
+        with self._tx() as conn:
+            due: datetime | None = conn.execute(query).scalar_one_or_none()
+            return due
+
+    def close(self) -> None:
+        self._engine.dispose()
