@@ -415,7 +415,8 @@ class _Slice:
             case Spawn(instructions=instructions):
                 child = self._spawn_child(agent, thread, call, seq, instructions, turn)
                 return answer(
-                    f"Child thread {child} started. Its reports will reach you as events on this call.",
+                    f"Child thread {child} started. "
+                    "Its reports will reach you as events on this call.",
                     state=CallState.SUBSCRIBED,
                 )
             case Report(content=content):
@@ -490,7 +491,8 @@ class _Slice:
             call_id=call.call_id,
             content=(
                 f"You are now inside child thread {child_id}, spawned by thread {thread.id}. "
-                f"Your task: {instructions}\nReport with report_to_parent; finish with close_thread."
+                f"Your task: {instructions}\n"
+                "Report with report_to_parent; finish with close_thread."
             ),
         )
         turn.enqueue.append((child_id, f"seed:{call.call_id}", seed, Priority.BACKGROUND))

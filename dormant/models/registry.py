@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from dormant.errors import ConfigurationError
@@ -34,3 +35,25 @@ def _register_builtin_providers() -> None:
     from dormant.models.simulated import SimulatedModel
 
     _PROVIDERS.setdefault("simulated", lambda _name: SimulatedModel())
+    _PROVIDERS.setdefault("openai", _openai_model)
+    _PROVIDERS.setdefault("anthropic", _anthropic_model)
+
+
+@functools.cache
+def _openai_model(name: str) -> Model:
+    """One shared model (and connection pool) per name; keys and URLs from the SDK's env vars.
+
+    Agents resolve their model string in every slice: a new client each time would
+    reconnect to the provider for every completion.
+    """
+    from dormant.models.openai_model import OpenAIModel
+
+    return OpenAIModel(name)
+
+
+@functools.cache
+def _anthropic_model(name: str) -> Model:
+    """One shared model per name, like ``_openai_model``."""
+    from dormant.models.anthropic_model import AnthropicModel
+
+    return AnthropicModel(name)

@@ -15,7 +15,9 @@ Script = Callable[[Sequence[Item]], Completion]
 
 def reply(text: str, *calls: ToolCall) -> Completion:
     """A completion with ``text`` and optional ``calls``: the scripts' vocabulary."""
-    return Completion(text=text, calls=tuple(calls), usage=Usage(input_tokens=10, output_tokens=len(text) // 4))
+    return Completion(
+        text=text, calls=tuple(calls), usage=Usage(input_tokens=10, output_tokens=len(text) // 4)
+    )
 
 
 def call(name: str, call_id: str | None = None, /, **args: object) -> ToolCall:

@@ -13,14 +13,88 @@ from dormant.models.base import ChunkSink, Completion, ModelRequest
 
 __all__ = ["SimulatedModel"]
 
-_WORDS = (
-    "the build pipeline finished and every test passed except the flaky integration suite "
-    "which timed out while waiting for the database container so I will retry it once and "
-    "report back if it fails again meanwhile the pull request has two approvals and one "
-    "comment asking to rename the configuration option before merging the release notes "
-    "mention the new retry policy the deployment window opens tomorrow morning at nine and "
-    "the on call engineer confirmed the rollback plan is ready"
-).split()
+_WORDS = [
+    "the",
+    "build",
+    "pipeline",
+    "finished",
+    "and",
+    "every",
+    "test",
+    "passed",
+    "except",
+    "the",
+    "flaky",
+    "integration",
+    "suite",
+    "which",
+    "timed",
+    "out",
+    "while",
+    "waiting",
+    "for",
+    "the",
+    "database",
+    "container",
+    "so",
+    "I",
+    "will",
+    "retry",
+    "it",
+    "once",
+    "and",
+    "report",
+    "back",
+    "if",
+    "it",
+    "fails",
+    "again",
+    "meanwhile",
+    "the",
+    "pull",
+    "request",
+    "has",
+    "two",
+    "approvals",
+    "and",
+    "one",
+    "comment",
+    "asking",
+    "to",
+    "rename",
+    "the",
+    "configuration",
+    "option",
+    "before",
+    "merging",
+    "the",
+    "release",
+    "notes",
+    "mention",
+    "the",
+    "new",
+    "retry",
+    "policy",
+    "the",
+    "deployment",
+    "window",
+    "opens",
+    "tomorrow",
+    "morning",
+    "at",
+    "nine",
+    "and",
+    "the",
+    "on",
+    "call",
+    "engineer",
+    "confirmed",
+    "the",
+    "rollback",
+    "plan",
+    "is",
+    "ready",
+]
 
 
 def _prose(chars: int, seed: int) -> str:
@@ -71,5 +145,7 @@ class SimulatedModel:
             on_chunk(text[start : start + self.chunk_chars])
         prompt_chars = sum(len(str(item)) for item in request.items)
         return Completion(
-            text=text, calls=calls, usage=Usage(input_tokens=prompt_chars // 4, output_tokens=len(text) // 4)
+            text=text,
+            calls=calls,
+            usage=Usage(input_tokens=prompt_chars // 4, output_tokens=len(text) // 4),
         )

@@ -200,9 +200,9 @@ class MemoryStore:
             for row_id, reason in commit.rejected:
                 self._finish(t, row_id, InboxState.REJECTED, reason)
             for row_id in commit.deferred:
-                row = self._pending.get(row_id)
-                if row is not None and row.thread_id == commit.thread_id:
-                    self._pending[row_id] = replace(row, state=InboxState.DEFERRED)
+                held = self._pending.get(row_id)
+                if held is not None and held.thread_id == commit.thread_id:
+                    self._pending[row_id] = replace(held, state=InboxState.DEFERRED)
             now = _now()
             created = []
             for call_id, action in commit.outbox:
