@@ -44,7 +44,9 @@ class Settings:
     callback_base_url: str = "http://127.0.0.1:8765/dormant/callbacks"
     key_prefix: str = "dormant"
     agents_module: str = ""
-    lease_ttl_s: float = 60.0
+    lease_ttl_s: float = 150.0
+    """Covers a whole model request (``ModelSettings.timeout_s`` defaults to 120 s) even if
+    no chunk arrives to renew it; a dead holder's thread is re-driven after this long."""
     token_ttl_s: float = 7 * 24 * 3600.0
     max_message_bytes: int = 256 * 1024
     max_rounds_per_slice: int = 8

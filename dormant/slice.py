@@ -293,7 +293,7 @@ class _Slice:
         model = agent.resolved_model()
         visible = [*snap.items, *turn.items]
         if _needs_compaction(agent, model, snap.thread):
-            visible = self._compact(agent, model, snap.thread, visible, turn)
+            visible = self._compact(agent, model, snap.items, visible, turn)
         instructions = _instructions(agent, snap.thread)
         specs = agent.specs()
         for _ in range(deps.settings.max_rounds_per_slice):
@@ -335,19 +335,22 @@ class _Slice:
         )
 
     def _compact(
-        self, agent: Agent, model: Model, thread: ThreadInfo, visible: list[StoredItem], turn: _Turn
+        self,
+        agent: Agent,
+        model: Model,
+        committed: list[StoredItem],
+        visible: list[StoredItem],
+        turn: _Turn,
     ) -> list[StoredItem]:
-        """Summarise up to the last safe point; the visible history as the model now sees it."""
-        upto = safe_seq(visible)
-        covered = [s for s in visible if s.seq <= upto] if upto is not None else []
-        if len(covered) < 2:
+        """Summarise the committed history up to its last safe point; what the model sees
+        next is the summary, then everything after it (this slice's new input included)."""
+        upto = safe_seq(committed)
+        covered = [s for s in committed if upto is not None and s.seq <= upto]
+        if upto is None or len(covered) < 2:
             return visible
+        items = tuple(s.item for s in covered)
         request = ModelRequest(
-            self.thread_id,
-            COMPACTION_INSTRUCTIONS,
-            tuple(s.item for s in covered),
-            (),
-            agent.model_settings,
+            self.thread_id, COMPACTION_INSTRUCTIONS, items, (), agent.model_settings
         )
         summary = Summary(text=self._complete(model, request).text, upto_seq=upto)
         stored = turn.add(f"summary:{uuid.uuid4().hex}", summary)

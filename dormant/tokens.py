@@ -46,7 +46,8 @@ def callback_url(
     base_url: str, keys: Sequence[str], thread_id: str, call_id: str, expires_at_s: int
 ) -> str:
     token = sign(keys, thread_id, call_id, expires_at_s)
-    return f"{base_url.rstrip('/')}/{quote(thread_id, safe='')}/{quote(call_id, safe='')}?token={token}"
+    path = f"{quote(thread_id, safe='')}/{quote(call_id, safe='')}"
+    return f"{base_url.rstrip('/')}/{path}?token={token}"
 
 
 def parse_callback_url(url: str) -> tuple[str, str, str]:

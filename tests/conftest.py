@@ -22,6 +22,7 @@ from dormant.stores.base import Store
 from dormant.stores.memory import MemoryStore
 from dormant.stores.sql import SQLStore, upgrade
 from dormant.stores.tables import metadata
+from tests.fake_providers import no_external_network  # noqa: F401  (autouse: no internet)
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "DORMANT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
