@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
+
 import typer
 from rich.console import Console
 
+from dormant.errors import DormantError
 from dormant.settings import Settings
+
+if TYPE_CHECKING:
+    from dormant.stores.base import ThreadStatus
+    from dormant.stores.sql import SQLStore
 
 __all__ = ["app"]
 
@@ -17,10 +26,28 @@ app = typer.Typer(
 db = typer.Typer(help="Database schema commands.", no_args_is_help=True)
 app.add_typer(db, name="db")
 
+F = TypeVar("F", bound=Callable[..., None])
+
+
+def _reported(command: F) -> F:
+    """Show dormant's own errors as one clear line and exit 1, not as a traceback."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        try:
+            command(*args, **kwargs)
+        except DormantError as error:
+            Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False)
+            raise typer.Exit(1) from None
+
+    return run  # type: ignore[return-value]
+
+
 DatabaseOption = typer.Option(None, "--database-url", help="Defaults to DORMANT_DATABASE_URL.")
 
 
 @app.command()
+@_reported
 def demo() -> None:
     """Run the embedded demo: an agent that sleeps between tool calls (no servers)."""
     from dormant.demo import run_demo
@@ -29,6 +56,7 @@ def demo() -> None:
 
 
 @db.command("upgrade")
+@_reported
 def db_upgrade(database_url: str | None = DatabaseOption) -> None:
     """Create or migrate the schema to the newest version."""
     from dormant.stores.sql import upgrade
@@ -36,6 +64,66 @@ def db_upgrade(database_url: str | None = DatabaseOption) -> None:
     url = database_url or Settings.from_env().database_url
     upgrade(url)
     Console().print(f"schema of {_redact(url)} is up to date")
+
+
+@app.command()
+@_reported
+def threads(
+    status: str | None = typer.Option(None, help="Only threads with this status."),
+    limit: int = typer.Option(50, min=1, help="How many root threads to list."),
+    database_url: str | None = DatabaseOption,
+) -> None:
+    """Threads as a tree: status, pending calls, subscriptions, inbox depth."""
+    from dormant.inspect import thread_tree
+    from dormant.stores.base import ThreadStatus
+
+    wanted = _status(status, ThreadStatus) if status else None
+    store = _store(database_url)
+    listed = store.threads(wanted, limit)
+    if not listed:
+        Console().print("no threads")
+        return
+    Console().print(thread_tree(store, listed))
+
+
+@app.command()
+@_reported
+def show(thread_id: str, database_url: str | None = DatabaseOption) -> None:
+    """A thread's timeline: what its model sees, inherited items dimmed."""
+    from dormant.inspect import timeline
+
+    Console().print(timeline(_store(database_url), thread_id))
+
+
+@app.command()
+@_reported
+def retry(thread_id: str, database_url: str | None = DatabaseOption) -> None:
+    """Re-drive a stalled thread: its queued messages are applied by the next sweep."""
+    from dormant.history import pending
+    from dormant.stores.base import ThreadStatus
+
+    store = _store(database_url)
+    snap = store.load(thread_id)
+    if snap.thread.status is not ThreadStatus.STALLED:
+        Console().print(f"thread {thread_id} is {snap.thread.status.value}, not stalled")
+        raise typer.Exit(1)
+    status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
+    store.set_status(thread_id, status)
+    Console().print(f"thread {thread_id} is {status.value} again; the sweeper re-drives it")
+
+
+def _store(database_url: str | None) -> SQLStore:
+    from dormant.stores.sql import SQLStore
+
+    return SQLStore(database_url or Settings.from_env().database_url)
+
+
+def _status(value: str, kind: type[ThreadStatus]) -> ThreadStatus:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(s.value for s in kind)
+        raise typer.BadParameter(f"{value!r} is not a status; choose from {choices}") from None
 
 
 def _redact(url: str) -> str:

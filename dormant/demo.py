@@ -14,11 +14,12 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.rule import Rule
+from rich.text import Text
 
 from dormant.agents import Agent
 from dormant.errors import MessageRejected, NotFound
 from dormant.local import LocalSystem
-from dormant.messages import EventShown, Item, ItemAdded, ToolResult, UserText
+from dormant.messages import Chunk, Event, EventShown, Item, StatusChanged, ToolResult, UserText
 from dormant.models.base import Completion
 from dormant.models.scripted import ScriptedModel, call, reply
 from dormant.tools.base import ToolContext, tool
@@ -50,8 +51,18 @@ def triage_script(items: Sequence[Item]) -> Completion:
             call("run_build", target="main"),
             call("watch_pull_requests", repo="acme/api"),
         )
+    if isinstance(last, EventShown) and last.content.startswith("PR #"):
+        # Inside the temporary thread that processes one pull-request event.
+        return reply(
+            "This one touches the CI configuration: worth telling the main thread.",
+            call("report_to_parent", report=f"{last.content}; it changes the CI configuration"),
+        )
+    if isinstance(last, ToolResult) and last.name == "report_to_parent":
+        return reply("", call("close_thread"))
     if isinstance(last, EventShown):
-        return reply(f"New pull request: {last.content}. I'll review it once the build is green.")
+        return reply(
+            f"Noted: {last.content.split(': ', 1)[-1]}. I'll review it now that main is green."
+        )
     if isinstance(last, ToolResult) and last.name == "run_build":
         return reply(
             f"The build finished: {last.content}. Waiting for pull requests.",
@@ -75,9 +86,14 @@ def run_demo(console: Console | None = None, database_path: Path | None = None) 
     with tempfile.TemporaryDirectory() as tmp:
         path = database_path or Path(tmp) / "dormant.db"
         with LocalSystem([TRIAGE], f"sqlite:///{path}") as system:
-            _show_live(system, console)
+            root: list[str] = []
+            _show_live(system, console, root)
             console.print(Rule("1. a user asks; the agent starts a build and subscribes"))
-            thread_id = system.launch("triage", "Build main, and tell me when a PR comes in.")
+            thread_id = "thr_demo"
+            root.append(thread_id)
+            system.launch(
+                "triage", "Build main, and tell me when a PR comes in.", thread_id=thread_id
+            )
             system.run_until_idle()
             _idle(system, console, thread_id)
 
@@ -111,7 +127,9 @@ def run_demo(console: Console | None = None, database_path: Path | None = None) 
             )
             _idle(system, console, thread_id)
 
-            console.print(Rule("4. tomorrow, a pull request is opened"))
+            console.print(
+                Rule("4. tomorrow, a pull request is opened: a temporary thread looks at it")
+            )
             system.send_event(
                 thread_id,
                 watch_id,
@@ -140,14 +158,18 @@ def stored_bytes(system: LocalSystem, thread_id: str) -> int:
     return items + calls + len(repr(snap.thread))
 
 
-def _show_live(system: LocalSystem, console: Console) -> None:
+def _show_live(system: LocalSystem, console: Console, root: list[str]) -> None:
     from dormant.timeline import render_event
 
-    def listener(event: object) -> None:
-        if isinstance(event, ItemAdded) or type(event).__name__ in ("Rejected", "ToolDispatched"):
-            line = render_event(event)  # type: ignore[arg-type]
-            if line is not None:
-                console.print(line)
+    def listener(event: Event) -> None:
+        if isinstance(event, Chunk | StatusChanged):
+            return
+        line = render_event(event)
+        if line is None:
+            return
+        if root and event.thread_id != root[0]:
+            line = Text.assemble(("  ↳ event thread ", "blue"), line)
+        console.print(line)
 
     system.on_event(listener)
 

@@ -540,7 +540,10 @@ class _Slice:
     ) -> None:
         """Close this thread: descendants closed, own subscriptions cancelled, parent told."""
         turn.closing = True
+        forked_at = thread.fork_seq or 0
         for live in [c for c in applied.calls.values() if c.subscription and c.state in _LIVE]:
+            if live.seq <= forked_at:
+                continue  # inherited from the parent (its spawn or subscription call): not ours
             if live.name != "spawn_thread":
                 turn.outbox.append((live.call_id, "cancel"))
             applied.set_state(live, CallState.CANCELLED)

@@ -302,3 +302,19 @@ def test_a_redelivered_threaded_event_never_spawns_a_second_child() -> None:
         h.store.enqueue(t, "gh-7", h.store.inbox(t)[-1].message, 4)
     h.drain()
     assert len(h.store.children(t)) == 1
+
+
+def test_closing_an_event_thread_leaves_the_subscribers_subscription_alone() -> None:
+    cancelled.clear()
+    h = Harness(threaded_agent(reply("", call("report_to_parent", report="worth knowing"))))
+    t = h.launch("a", "watch")
+    h.drain()
+    h.send_event(t, "w1", "PR #8", message_id="gh-8")
+    h.drain()
+    child = h.store.children(t)[0]
+    assert child.status is ThreadStatus.CLOSED
+    assert cancelled == []  # the subscription's cancel hook did not run
+    assert h.store.call(t, "w1").state is CallState.SUBSCRIBED
+    h.send_event(t, "w1", "PR #9", message_id="gh-9")  # and it still takes events
+    h.drain()
+    assert len(h.store.children(t)) == 2

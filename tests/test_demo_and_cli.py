@@ -1,0 +1,70 @@
+"""The first five minutes: ``dormant demo``, ``dormant --help`` and the inspection commands."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from rich.console import Console
+from typer.testing import CliRunner
+
+import dormant
+import dormant.models
+from dormant.cli import app
+from dormant.demo import run_demo
+
+runner = CliRunner()
+
+
+def test_the_demo_runs_the_whole_scenario_on_sqlite(tmp_path: Path) -> None:
+    out = io.StringIO()
+    slices = run_demo(Console(file=out, width=200), database_path=tmp_path / "demo.db")
+    text = out.getvalue()
+    assert slices >= 5
+    assert len(re.findall(r"^\s+refused ", text, re.MULTILINE)) == 4
+    assert "shown as receive_event__injected" in text
+    assert "↳ event thread" in text
+    assert re.search(r"stored size of the idle agent: [\d,]+ bytes", text)
+    assert "thread thr_demo is idle" in text
+
+
+def test_help_lists_every_command() -> None:
+    result = runner.invoke(app, ["--help"])
+    assert result.exit_code == 0
+    for command in ("demo", "db", "threads", "show", "retry"):
+        assert command in result.output
+
+
+def test_threads_and_show_read_a_database(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    run_demo(Console(file=io.StringIO()), database_path=db)
+    url = f"sqlite:///{db}"
+    tree = runner.invoke(app, ["threads", "--database-url", url])
+    assert tree.exit_code == 0, tree.output
+    assert "thr_demo" in tree.output and "[event]" in tree.output
+    shown = runner.invoke(app, ["show", "thr_demo", "--database-url", url])
+    assert shown.exit_code == 0, shown.output
+    assert "Build main, and tell me when a PR comes in." in shown.output
+
+
+def test_bad_cli_input_gets_a_clear_error(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/empty.db"
+    assert runner.invoke(app, ["db", "upgrade", "--database-url", url]).exit_code == 0
+    missing = runner.invoke(app, ["show", "thr_nope", "--database-url", url])
+    assert missing.exit_code == 1 and "unknown thread 'thr_nope'" in missing.output
+    status = runner.invoke(app, ["threads", "--status", "sleepy", "--database-url", url])
+    assert status.exit_code == 2 and "choose from idle" in status.output
+
+
+def test_the_public_names_are_exactly_these() -> None:
+    assert set(dormant.__all__) >= {"Agent", "tool", "ToolContext", "LocalSystem", "Settings"}
+    assert set(dormant.models.__all__) >= {
+        "ScriptedModel",
+        "SimulatedModel",
+        "OpenAIModel",
+        "AnthropicModel",
+    }
+    for module in (dormant, dormant.models):
+        for name in module.__all__:
+            assert getattr(module, name) is not None
