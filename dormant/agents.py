@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import importlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -55,9 +56,13 @@ class Agent:
                 return t
         return BUILTINS.get(name)
 
+    @functools.cached_property
+    def _specs(self) -> tuple[ToolSpec, ...]:
+        return tuple(t.spec() for t in [*self.tools, *BUILTINS.values()])
+
     def specs(self) -> list[ToolSpec]:
         """What the model is offered: the agent's tools, then the built-ins."""
-        return [t.spec() for t in self.tools] + [t.spec() for t in BUILTINS.values()]
+        return list(self._specs)
 
     def resolved_model(self) -> Model:
         if isinstance(self.model, str):

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
@@ -44,23 +44,24 @@ def open_store(database_url: str) -> Store:
 
 
 class _EventLog:
-    """Keeps recent events per thread (not chunks) and fans every event out to listeners."""
+    """Keeps the most recent events (not chunks) of all threads and fans every event out
+    to listeners. One bounded ring for the process: idle agents must cost nothing here."""
 
-    def __init__(self, per_thread: int = 500) -> None:
+    def __init__(self, max_events: int = 10_000) -> None:
         self._lock = threading.Lock()
-        self._events: dict[str, deque[Event]] = defaultdict(lambda: deque(maxlen=per_thread))
+        self._events: deque[Event] = deque(maxlen=max_events)
         self.listeners: list[Listener] = []
 
     def publish(self, event: Event) -> None:
         if not isinstance(event, Chunk):
             with self._lock:
-                self._events[event.thread_id].append(event)
+                self._events.append(event)
         for listener in self.listeners:
             listener(event)
 
     def recent(self, thread_id: str) -> list[Event]:
         with self._lock:
-            return list(self._events.get(thread_id, ()))
+            return [e for e in self._events if e.thread_id == thread_id]
 
 
 class LocalSystem(BaseClient):

@@ -313,7 +313,10 @@ class _Slice:
             visible.append(assistant)
             turn.usage = completion.usage
             ctx = BuiltinContext(
-                snap.thread, applied.calls, deps.store.children(self.thread_id), deps.clock()
+                snap.thread,
+                applied.calls,
+                lambda: deps.store.children(self.thread_id),
+                deps.clock(),
             )
             for call in calls:
                 result = self._start_call(agent, call, assistant.seq, applied, turn, ctx)

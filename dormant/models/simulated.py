@@ -13,88 +13,15 @@ from dormant.models.base import ChunkSink, Completion, ModelRequest
 
 __all__ = ["SimulatedModel"]
 
-_WORDS = [
-    "the",
-    "build",
-    "pipeline",
-    "finished",
-    "and",
-    "every",
-    "test",
-    "passed",
-    "except",
-    "the",
-    "flaky",
-    "integration",
-    "suite",
-    "which",
-    "timed",
-    "out",
-    "while",
-    "waiting",
-    "for",
-    "the",
-    "database",
-    "container",
-    "so",
-    "I",
-    "will",
-    "retry",
-    "it",
-    "once",
-    "and",
-    "report",
-    "back",
-    "if",
-    "it",
-    "fails",
-    "again",
-    "meanwhile",
-    "the",
-    "pull",
-    "request",
-    "has",
-    "two",
-    "approvals",
-    "and",
-    "one",
-    "comment",
-    "asking",
-    "to",
-    "rename",
-    "the",
-    "configuration",
-    "option",
-    "before",
-    "merging",
-    "the",
-    "release",
-    "notes",
-    "mention",
-    "the",
-    "new",
-    "retry",
-    "policy",
-    "the",
-    "deployment",
-    "window",
-    "opens",
-    "tomorrow",
-    "morning",
-    "at",
-    "nine",
-    "and",
-    "the",
-    "on",
-    "call",
-    "engineer",
-    "confirmed",
-    "the",
-    "rollback",
-    "plan",
-    "is",
-    "ready",
-]
+_TEXT = (
+    "the build pipeline finished and every test passed except the flaky integration suite "
+    "which timed out while waiting for the database container so I will retry it once and "
+    "report back if it fails again meanwhile the pull request has two approvals and one "
+    "comment asking to rename the configuration option before merging the release notes "
+    "mention the new retry policy the deployment window opens tomorrow morning at nine and "
+    "the on call engineer confirmed the rollback plan is ready"
+)
+_WORDS = _TEXT.split()
 
 
 def _prose(chars: int, seed: int) -> str:
@@ -143,7 +70,9 @@ class SimulatedModel:
             if self.chunk_delay_s:
                 time.sleep(self.chunk_delay_s)
             on_chunk(text[start : start + self.chunk_chars])
-        prompt_chars = sum(len(str(item)) for item in request.items)
+        prompt_chars = sum(
+            len(getattr(item, "text", "") or getattr(item, "content", "")) for item in request.items
+        )
         return Completion(
             text=text,
             calls=calls,

@@ -47,6 +47,7 @@ __all__ = ["MemoryStore"]
 
 _INFO = TypeAdapter(ThreadInfo)
 _ITEM = TypeAdapter(StoredItem)
+_ITEMS = TypeAdapter(list[StoredItem])
 _CALLS = TypeAdapter(dict[str, CallRecord])
 _ROW = TypeAdapter(InboxRow)
 
@@ -84,6 +85,7 @@ class MemoryStore:
         self._timer_heap: list[tuple[datetime, int]] = []
         self._timer_keys: set[tuple[str, str]] = set()
         self._ids = itertools.count(1)
+        self._children: dict[str, list[str]] = {}
 
     # threads ---------------------------------------------------------------------------
 
@@ -111,6 +113,8 @@ class MemoryStore:
             if thread.calls:
                 t.calls = _CALLS.dump_json({c.call_id: c for c in thread.calls})
             self._threads[thread.id] = t
+            if thread.parent_id is not None:
+                self._children.setdefault(thread.parent_id, []).append(thread.id)
             return info
 
     def thread(self, thread_id: str) -> ThreadInfo:
@@ -166,18 +170,15 @@ class MemoryStore:
 
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
         with self._lock:
-            lines = self._get(thread_id).items.splitlines()
-        items = [_ITEM.validate_json(line) for line in lines]
+            blob = bytes(self._get(thread_id).items)
+        # One JSON array decodes in a single call, much faster than one call per line.
+        items = _ITEMS.validate_json(b"[" + blob.rstrip(b"\n").replace(b"\n", b",") + b"]")
         return items if upto_seq is None else [i for i in items if i.seq <= upto_seq]
 
     def children(self, thread_id: str) -> list[ThreadInfo]:
         with self._lock:
             self._get(thread_id)
-            kids = [
-                i
-                for i in (self._info(t) for t in self._threads.values())
-                if i.parent_id == thread_id
-            ]
+            kids = [self._info(self._threads[c]) for c in self._children.get(thread_id, ())]
         return sorted(kids, key=lambda i: (i.created_at, i.id))
 
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
@@ -320,6 +321,12 @@ class MemoryStore:
             while self._timer_heap and self._timer_heap[0][1] not in self._timers:
                 heapq.heappop(self._timer_heap)
             return self._timer_heap[0][0] if self._timer_heap else None
+
+    def stored_bytes(self, thread_id: str) -> int:
+        """The bytes this store keeps for one thread (its serialized blobs)."""
+        with self._lock:
+            t = self._get(thread_id)
+            return len(t.info) + len(t.items) + len(t.calls) + len(t.ids) + len(t.done)
 
     def close(self) -> None:
         pass

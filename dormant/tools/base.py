@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -93,8 +94,9 @@ class Tool:
     builtin: bool = False
     on_cancel: Callable[[ToolContext], None] | None = None
 
-    @property
+    @functools.cached_property
     def parameters(self) -> dict[str, Any]:
+        """The JSON schema of the arguments (built once: it is offered on every request)."""
         return _clean_schema(self.arguments.model_json_schema())
 
     def spec(self) -> ToolSpec:

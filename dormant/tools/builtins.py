@@ -87,7 +87,8 @@ Effect = Answer | StartTimer | Wait | Spawn | Report | Close | MessageChild
 class BuiltinContext:
     thread: ThreadInfo
     calls: Mapping[str, CallRecord]
-    children: Sequence[ThreadInfo]
+    children: Callable[[], Sequence[ThreadInfo]]
+    """The thread's children, read only by the tools that need them."""
     now: datetime
 
 
@@ -213,7 +214,7 @@ def _close_thread(args: Any, ctx: BuiltinContext) -> Effect:
     {"thread_id": (str, ...), "message": (Annotated[str, Field(min_length=1)], ...)},
 )
 def _send_message_to_child(args: Any, ctx: BuiltinContext) -> Effect:
-    child = next((c for c in ctx.children if c.id == args.thread_id), None)
+    child = next((c for c in ctx.children() if c.id == args.thread_id), None)
     if child is None:
         return Answer(f"Error: {args.thread_id!r} is not a child of this thread", is_error=True)
     if child.status is ThreadStatus.CLOSED:
