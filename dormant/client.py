@@ -124,11 +124,15 @@ class BaseClient(ABC):
         caller is trusted (in-process code). Returns the message id.
         """
         if token is not None:
-            verify(self.settings.secret_keys, token, thread_id, call_id, time.time())
+            self.verify_token(thread_id, call_id, token)
         content = as_text(result)
         self._check_size(thread_id, content)
         message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
         return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND)
+
+    def verify_token(self, thread_id: str, call_id: str, token: str) -> None:
+        """Raise ``InvalidToken`` unless ``token`` is a live capability for this call."""
+        verify(self.settings.secret_keys, token, thread_id, call_id, time.time())
 
     def deliver_callback(self, url: str, result: Any, *, message_id: str | None = None) -> str:
         """Deliver through a callback URL a tool was given (token checked)."""

@@ -1,0 +1,126 @@
+"""LocalSystem: the embedded runtime with its thread pool, sweeper and SQLite file."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from dormant import Agent, LocalSystem, ToolContext, tool
+from dormant.errors import UnknownAgent
+from dormant.messages import AssistantTurn, Item, ToolResult, UserText
+from dormant.models import ScriptedModel, call, reply
+from dormant.models.base import Completion
+from dormant.settings import Settings
+from dormant.stores.base import ThreadStatus
+
+callbacks: dict[str, str] = {}
+release = threading.Event()
+
+
+@tool(deferred=True)
+def start_job(name: str, ctx: ToolContext) -> None:
+    """Start a long job; it calls back when done."""
+    callbacks[name] = ctx.callback_url
+
+
+@tool
+def slow_lookup(key: str) -> str:
+    """A lookup that blocks until the test releases it."""
+    assert release.wait(timeout=10)
+    return f"{key}=42"
+
+
+def script(items: Sequence[Item]) -> Completion:
+    last = items[-1]
+    if isinstance(last, UserText) and last.text.startswith("job"):
+        return reply("starting", call("start_job", name=last.text))
+    if isinstance(last, UserText) and last.text.startswith("nap"):
+        when = (datetime.now(UTC) + timedelta(seconds=30)).isoformat()
+        return reply("napping", call("sleep_until", iso_time=when))
+    if isinstance(last, UserText) and last.text.startswith("look"):
+        return reply("looking", call("slow_lookup", key="k"))
+    if isinstance(last, ToolResult):
+        return reply(f"done: {last.content}")
+    return reply("hello")
+
+
+AGENT = Agent("worker", model=ScriptedModel(script), tools=[start_job, slow_lookup])
+
+
+def final_text(system: LocalSystem, thread_id: str) -> str:
+    last = system.history(thread_id)[-1]
+    assert isinstance(last, AssistantTurn)
+    return last.text
+
+
+def test_many_threads_run_concurrently_to_completion_in_memory() -> None:
+    with LocalSystem([AGENT], "memory://", workers=4) as system:
+        ids = [system.launch("worker", f"hi {n}") for n in range(50)]
+        system.run_until_idle()
+        assert all(final_text(system, t) == "hello" for t in ids)
+        assert system.slices_run == 50
+
+
+def test_a_deferred_result_survives_a_restart_on_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/agents.db"
+    settings = Settings(database_url=url, secret_keys=("k1",))
+    with LocalSystem([AGENT], url, settings=settings) as system:
+        thread_id = system.launch("worker", "job-7")
+        system.run_until_idle()
+        assert system.thread(thread_id).status is ThreadStatus.WAITING
+    with LocalSystem([AGENT], url, settings=settings) as system:  # a new process
+        system.deliver_callback(callbacks["job-7"], "finished")
+        system.run_until_idle()
+        assert final_text(system, thread_id) == "done: finished"
+
+
+def test_a_timer_due_while_the_process_was_down_fires_after_restart(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/agents.db"
+    with LocalSystem([AGENT], url) as system:
+        thread_id = system.launch("worker", "nap")
+        system.run_until_idle()
+        due = system.store.next_timer_due()
+        assert due is not None
+    # The timer comes due while no process runs: pretend 31 seconds passed.
+    with LocalSystem([AGENT], url) as system:
+        fired = system.store.fire_due_timers(due + timedelta(seconds=1))
+        assert [r.thread_id for r in fired] == [thread_id]
+        system.run_until_idle()
+        assert final_text(system, thread_id).startswith("done: Woke up at the target time")
+
+
+def test_close_waits_for_a_running_tool_and_its_result_is_kept(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/agents.db"
+    release.clear()
+    system = LocalSystem([AGENT], url)
+    thread_id = system.launch("worker", "look it up")
+    closer = threading.Thread(target=system.close)
+    deadline = datetime.now(UTC) + timedelta(seconds=10)
+    while not any(c.name == "slow_lookup" for c in system.store.load(thread_id).calls.values()):
+        assert datetime.now(UTC) < deadline, "the tool never started"
+    closer.start()
+    release.set()
+    closer.join(timeout=10)
+    with LocalSystem([AGENT], url) as again:
+        again.run_until_idle()
+        assert final_text(again, thread_id) == "done: k=42"
+
+
+def test_launching_an_unknown_agent_names_the_known_ones() -> None:
+    with LocalSystem([AGENT], "memory://") as system, pytest.raises(UnknownAgent, match="worker"):
+        system.launch("nobody", "hi")
+
+
+def test_a_model_calling_a_tool_its_agent_lacks_gets_errors_and_the_system_stays_live() -> None:
+    broken = Agent(
+        "broken", model=ScriptedModel(lambda items: reply("", call("start_job", name="x")))
+    )
+    with LocalSystem([broken], "memory://") as system:
+        thread_id = system.launch("broken", "go")
+        system.run_until_idle()
+        result = next(i for i in system.history(thread_id) if isinstance(i, ToolResult))
+        assert result.is_error and "does not exist" in result.content
