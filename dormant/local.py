@@ -12,7 +12,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from types import TracebackType
 
 from dormant.agents import Agent, AgentRegistry
@@ -24,6 +24,7 @@ from dormant.slice import SliceDeps, SliceOutcome, run_slice
 from dormant.stores.base import OutboxRow, Store
 from dormant.stores.memory import MemoryStore
 from dormant.stores.memory_sync import MemoryDedup, MemoryLease
+from dormant.sweeper import sweep_once
 from dormant.tools.runner import execute_outbox
 
 __all__ = ["LocalSystem", "open_store"]
@@ -224,18 +225,4 @@ class LocalSystem(BaseClient):
         return max(0.0, min(interval_s, (due - datetime.now(UTC)).total_seconds()))
 
     def _sweep_once(self, grace_s: float) -> bool:
-        """Fire due timers, re-dispatch stranded outbox rows, re-wake threads; True if any."""
-        now = datetime.now(UTC)
-        woke = False
-        for row in self.store.fire_due_timers(now):
-            self.wake(row.thread_id, row.priority)
-            woke = True
-        for outbox in self.store.undispatched(now - timedelta(seconds=grace_s)):
-            self.dispatch(outbox)
-            self.store.mark_dispatched([outbox.id])
-            woke = True
-        for thread_id in self.store.threads_to_wake():
-            if not self.lease.held(thread_id):
-                self.wake(thread_id, 0)
-                woke = True
-        return woke
+        return sweep_once(self.store, self.lease, self, datetime.now(UTC), grace_s)

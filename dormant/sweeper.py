@@ -1,0 +1,43 @@
+"""The sweeper: re-drive from SQL whatever a crash, a lost task or a flushed Redis left behind.
+
+One pass (``sweep_once``) is shared by ``LocalSystem``'s sweeper thread and the
+``dormant.sweep`` Celery beat task. Every step is safe to run twice or concurrently: timers
+are claimed by a conditional UPDATE, a re-dispatched tool sees its call already answered,
+and a redundant wake finds the lease taken or the inbox empty.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Protocol
+
+from dormant.slice import Dispatcher
+from dormant.stores.base import Lease, SweepStore
+
+__all__ = ["SweeperStore", "sweep_once"]
+
+
+class SweeperStore(SweepStore, Protocol):
+    """What a sweep reads and writes: ``SweepStore`` plus marking re-dispatched rows."""
+
+    def mark_dispatched(self, outbox_ids: list[int]) -> None: ...
+
+
+def sweep_once(
+    store: SweeperStore, lease: Lease, dispatcher: Dispatcher, now: datetime, grace_s: float
+) -> bool:
+    """Fire due timers, re-dispatch outbox rows older than ``grace_s`` and re-wake threads
+    with unapplied inbox rows and no live lease; True if anything was done."""
+    woke = False
+    for row in store.fire_due_timers(now):
+        dispatcher.wake(row.thread_id, row.priority)
+        woke = True
+    for outbox in store.undispatched(now - timedelta(seconds=grace_s)):
+        dispatcher.dispatch(outbox)
+        store.mark_dispatched([outbox.id])
+        woke = True
+    for thread_id in store.threads_to_wake():
+        if not lease.held(thread_id):
+            dispatcher.wake(thread_id, 0)
+            woke = True
+    return woke
