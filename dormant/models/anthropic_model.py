@@ -8,7 +8,6 @@ stream never becomes a partial turn.
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Generator
 from contextlib import closing
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from dormant.errors import ModelError, ModelFatal, ModelRetryable
 from dormant.messages import ToolCall, Usage
 from dormant.models import anthropic_wire
 from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.models.lazy_client import LazyClient
 from dormant.models.provider_errors import status_error, truncated
 from dormant.models.wire import parse_arguments
 
@@ -79,8 +79,7 @@ class AnthropicModel:
         self.default_max_tokens = default_max_tokens
         self.base_url = base_url
         self._api_key = api_key
-        self._client = client
-        self._lock = threading.Lock()
+        self._sdk = LazyClient(self._new_client, client)
 
     def __repr__(self) -> str:
         return f"AnthropicModel({self.model!r}, base_url={self.base_url!r})"
@@ -88,18 +87,11 @@ class AnthropicModel:
     @property
     def client(self) -> anthropic.Anthropic:
         """The SDK client, made on first use so defining an agent needs no credentials."""
-        with self._lock:
-            if self._client is None:
-                self._client = self._new_client()
-            return self._client
+        return self._sdk.get()
 
     def close(self) -> None:
-        """Close the SDK client's connections, even a ``client`` passed in; a later
-        completion opens a new client from this model's own settings."""
-        with self._lock:
-            client, self._client = self._client, None
-        if client is not None:
-            client.close()
+        """Close the SDK client's connections; a later completion opens a new client."""
+        self._sdk.close()
 
     def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
         turn = _Turn()
