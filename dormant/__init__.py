@@ -5,7 +5,7 @@ and any worker resumes them when a message arrives.
 """
 
 from dormant.agents import Agent
-from dormant.client import BaseClient
+from dormant.client import BaseClient, Client
 from dormant.errors import DormantError
 from dormant.local import LocalSystem
 from dormant.settings import Settings
@@ -14,6 +14,7 @@ from dormant.tools.base import Tool, ToolContext, tool
 __all__ = [
     "Agent",
     "BaseClient",
+    "Client",
     "DormantError",
     "LocalSystem",
     "Settings",

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import typer
 from rich.console import Console
 
+from dormant.cli_celery import beat, worker
 from dormant.errors import DormantError
 from dormant.settings import Settings
 
@@ -24,6 +25,8 @@ app = typer.Typer(
     add_completion=False,
 )
 db = typer.Typer(help="Database schema commands.", no_args_is_help=True)
+app.command()(worker)
+app.command()(beat)
 app.add_typer(db, name="db")
 
 F = TypeVar("F", bound=Callable[..., None])

@@ -1,7 +1,9 @@
 """The client surface shared by ``LocalSystem`` and ``Client``: launch, send, deliver, read.
 
 ``Client`` needs only URLs: it writes the inbox row and sends the slice task by name, so a
-Django or Flask process needs none of the agents' tool code.
+Django or Flask process needs none of the agents' tool code. Celery and Redis are reached
+only when a ``Client`` is built, through functions of ``dormant.worker`` and
+``dormant.stores.redis``.
 """
 
 from __future__ import annotations
@@ -10,9 +12,9 @@ import contextlib
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dormant.agents import AgentRegistry
 from dormant.errors import DuplicateMessage, PayloadTooLarge, ThreadBusy
@@ -40,7 +42,10 @@ from dormant.stores.base import (
 from dormant.tokens import callback_url, parse_callback_url, verify
 from dormant.tools.runner import as_text
 
-__all__ = ["BaseClient", "Waker"]
+if TYPE_CHECKING:
+    from dormant.stores.redis import RedisEvents
+
+__all__ = ["BaseClient", "Client", "Waker"]
 
 Waker = Callable[[str, int], None]
 """Arranges a slice for (thread_id, priority)."""
@@ -248,3 +253,79 @@ class BaseClient(ABC):
         self.store.enqueue(thread_id, message_id, message, priority)
         self.wake(thread_id, priority)
         return message_id
+
+
+class Client(BaseClient):
+    """Launch, send, deliver and read threads of a Celery deployment.
+
+    ``Client.from_env()`` reads ``DORMANT_DATABASE_URL``, ``DORMANT_BROKER_URL`` and
+    ``DORMANT_REDIS_URL``; the database must already be migrated (``dormant db upgrade``).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        dedup: DedupSet,
+        settings: Settings,
+        *,
+        waker: Waker,
+        events: RedisEvents,
+        agents: AgentRegistry | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(store, dedup, settings, agents)
+        self._waker = waker
+        self._events = events
+        self._on_close = on_close
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Client:
+        """A client configured by ``DORMANT_*`` variables (``overrides`` win)."""
+        return cls.from_settings(Settings.from_env(env, **overrides))
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Client:
+        from dormant.stores.redis import (
+            RedisDedup,
+            RedisEvents,
+            RedisWakeMarks,
+            redis_client,
+            wake_mark_ttl_s,
+        )
+        from dormant.stores.sql import SQLStore
+        from dormant.worker import client_dispatcher
+
+        redis = redis_client(settings)
+        store = SQLStore(settings.database_url)
+        marks = RedisWakeMarks(redis, settings.key_prefix, wake_mark_ttl_s(settings))
+        dispatcher = client_dispatcher(settings, marks)
+
+        def close() -> None:
+            store.close()
+            redis.close()
+
+        return cls(
+            store,
+            RedisDedup(redis, settings.key_prefix, settings.dedup_ttl_s),
+            settings,
+            waker=dispatcher.wake,
+            events=RedisEvents(redis, settings.key_prefix, ttl_s=settings.dedup_ttl_s),
+            on_close=close,
+        )
+
+    def wake(self, thread_id: str, priority: int) -> None:
+        self._waker(thread_id, priority)
+
+    def events(self, thread_id: str) -> list[Event]:
+        """The thread's recent events (not chunks), oldest first; lost if Redis is flushed."""
+        return self._events.recent(thread_id)
+
+    def close(self) -> None:
+        if self._on_close is not None:
+            self._on_close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -9,22 +9,14 @@ and a redundant wake finds the lease taken or the inbox empty.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Protocol
-
 from dormant.slice import Dispatcher
 from dormant.stores.base import Lease, SweepStore
 
-__all__ = ["SweeperStore", "sweep_once"]
-
-
-class SweeperStore(SweepStore, Protocol):
-    """What a sweep reads and writes: ``SweepStore`` plus marking re-dispatched rows."""
-
-    def mark_dispatched(self, outbox_ids: list[int]) -> None: ...
+__all__ = ["sweep_once"]
 
 
 def sweep_once(
-    store: SweeperStore, lease: Lease, dispatcher: Dispatcher, now: datetime, grace_s: float
+    store: SweepStore, lease: Lease, dispatcher: Dispatcher, now: datetime, grace_s: float
 ) -> bool:
     """Fire due timers, re-dispatch outbox rows older than ``grace_s`` and re-wake threads
     with unapplied inbox rows and no live lease; True if anything was done."""

@@ -46,8 +46,15 @@ return 0
 
 
 def redis_client(settings: Settings) -> Redis:
-    """A client for ``settings.redis_url`` answering ``str`` (its pool is thread-safe)."""
-    return Redis.from_url(settings.redis_url, decode_responses=True, health_check_interval=30)
+    """A client for ``settings.redis_url`` answering ``str`` (its pool is thread-safe), with
+    timeouts so an unreachable Redis fails a call instead of hanging it."""
+    return Redis.from_url(
+        settings.redis_url,
+        decode_responses=True,
+        health_check_interval=30,
+        socket_connect_timeout=5,
+        socket_timeout=10,
+    )
 
 
 def wake_mark_ttl_s(settings: Settings) -> float:
@@ -176,13 +183,15 @@ class RedisEvents:
     def publish(self, event: Event) -> None:
         data = EventAdapter.dump_json(event).decode()
         try:
+            if isinstance(event, Chunk):  # the hot path: one command, no pipeline
+                self._client.publish(self.channel(event.thread_id), data)
+                return
+            key = self._recent_key(event.thread_id)
             with self._client.pipeline(transaction=False) as pipe:
                 pipe.publish(self.channel(event.thread_id), data)
-                if not isinstance(event, Chunk):
-                    key = self._recent_key(event.thread_id)
-                    pipe.rpush(key, data)
-                    pipe.ltrim(key, -self._keep, -1)
-                    pipe.pexpire(key, _ms(self._ttl_s))
+                pipe.rpush(key, data)
+                pipe.ltrim(key, -self._keep, -1)
+                pipe.pexpire(key, _ms(self._ttl_s))
                 pipe.execute()
         except redis.RedisError:
             log.warning(

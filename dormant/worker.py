@@ -1,0 +1,299 @@
+"""The Celery app: its configuration baseline, ``install`` on an existing app, the dispatcher.
+
+``celery -A dormant.worker worker`` finds the module attribute ``app``. It is built on first
+access, through a module ``__getattr__`` (PEP 562), from ``Settings.from_env()`` and the
+agents module named by ``DORMANT_AGENTS``: importing this module reads no environment and
+imports no user code, yet ``celery worker``, ``celery beat`` and Flower get a fully
+configured app. A custom loader or an ``on_configure`` signal would also defer the reads,
+but would leave a half-built app importable; this attribute is either complete or an error
+(an unset ``DORMANT_AGENTS`` says so). ``dormant worker`` builds its app explicitly with
+``create_app``.
+
+Celery is imported here and in ``tasks.py`` only.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from celery import Celery
+from celery.utils.imports import cwd_in_path
+from kombu.entity import Exchange, Queue
+
+from dormant.agents import Agent, AgentRegistry
+from dormant.errors import ConfigurationError
+from dormant.settings import Settings
+from dormant.stores.base import OutboxRow, Priority
+from dormant.stores.redis import RedisWakeMarks
+
+__all__ = [
+    "QUEUES",
+    "QUEUE_BACKGROUND",
+    "QUEUE_INTERACTIVE",
+    "QUEUE_TOOLS",
+    "SLICE_TASK",
+    "SWEEP_TASK",
+    "TOOL_TASK",
+    "AgentSource",
+    "CeleryDispatcher",
+    "broker_priority",
+    "celery_config",
+    "client_dispatcher",
+    "create_app",
+    "install",
+    "load_agents",
+    "run_beat",
+    "run_worker",
+]
+
+QUEUE_INTERACTIVE = "dormant.interactive"
+"""Slices woken by user text."""
+QUEUE_BACKGROUND = "dormant.background"
+"""Slices woken by tool results, events and timers; the sweep."""
+QUEUE_TOOLS = "dormant.tools"
+QUEUES = (QUEUE_INTERACTIVE, QUEUE_BACKGROUND, QUEUE_TOOLS)
+SLICE_TASK = "dormant.slice"
+TOOL_TASK = "dormant.tool"
+SWEEP_TASK = "dormant.sweep"
+
+REDIS_PRIORITY_STEPS = (0, 3, 6, 9)
+"""kombu's Redis priority lists; our levels 8, 4 and 0 land on three different steps."""
+_REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel", "redis+socket", "socket"})
+
+AgentSource = AgentRegistry | Iterable[Agent] | str | None
+"""Agents as a registry, a list, a module path (``"myapp.agents"``), or None for
+``Settings.agents_module``."""
+
+
+def load_agents(source: AgentSource, settings: Settings) -> AgentRegistry:
+    if isinstance(source, AgentRegistry):
+        return source
+    if source is None:
+        if not settings.agents_module:
+            raise ConfigurationError("no agents: set DORMANT_AGENTS to a module, e.g. myapp.agents")
+        return AgentRegistry.from_module(settings.agents_module)
+    if isinstance(source, str):
+        return AgentRegistry.from_module(source)
+    return AgentRegistry(source)
+
+
+def _dormant_queues() -> list[Queue]:
+    # max_priority declares x-max-priority on RabbitMQ; Redis uses priority lists instead.
+    return [
+        Queue(name, Exchange(name, type="direct"), routing_key=name, max_priority=9)  # type: ignore[no-untyped-call]
+        for name in QUEUES
+    ]
+
+
+def _is_redis(broker_url: str) -> bool:
+    return urlsplit(broker_url.split(";")[0]).scheme in _REDIS_SCHEMES
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The configuration baseline of DESIGN section 7, for an app dormant owns."""
+    restore_s = max(1.0, min(10.0, settings.visibility_timeout_s / 10))
+    transport: dict[str, Any] = {
+        # Above the longest slice: an unacked task is handed to another worker after it.
+        "visibility_timeout": settings.visibility_timeout_s,
+        # A dead worker's tasks come back within visibility_timeout + restore_s.
+        "unacked_restore_interval": restore_s,
+        "unacked_restore_throttle": 1,
+        # BRPOP walks the lists in (priority step, queue) order: priorities span queues.
+        "queue_order_strategy": "priority",
+        "priority_steps": list(REDIS_PRIORITY_STEPS),
+    }
+    if settings.broker_key_prefix:
+        transport["global_keyprefix"] = settings.broker_key_prefix
+    return {
+        "broker_url": settings.broker_url,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": transport,
+        # JSON only: a message is data, never code.
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "event_serializer": "json",
+        "accept_content": ["json"],
+        # A task is acknowledged when it ends, so a worker's death hands it to another.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        # On a lost broker connection the running tasks' messages are redelivered; a thread
+        # cannot be cancelled, but the redelivered slice is fenced by the lease and version.
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+        # Flower shows every slice, its thread_id kwarg and its outcome string (sent in the
+        # task-succeeded event); no result backend is needed for that.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "task_ignore_result": True,
+        "result_backend": None,
+        "task_queues": _dormant_queues(),
+        "task_default_queue": QUEUE_BACKGROUND,
+        # The sweep's schedule is static and idempotent: nothing to persist (and no shelve,
+        # which pickles).
+        "beat_scheduler": "celery.beat:Scheduler",
+    }
+
+
+def create_app(settings: Settings | None = None, agents: AgentSource = None) -> Celery:
+    """A Celery app running dormant: the baseline config and the tasks. The agents are
+    loaded now, so a wrong ``DORMANT_AGENTS`` fails at start rather than at the first slice;
+    like Celery's ``-A``, the module is looked up from the current directory too."""
+    settings = settings or Settings.from_env()
+    with cwd_in_path():
+        registry = load_agents(agents, settings)
+    return _bare_app(settings, registry)
+
+
+def _bare_app(settings: Settings, agents: AgentSource) -> Celery:
+    app = Celery("dormant")
+    app.conf.update(celery_config(settings))
+    install(app, agents, settings=settings)
+    return app
+
+
+def install(
+    celery_app: Celery, agents: AgentSource = None, *, settings: Settings | None = None
+) -> None:
+    """Register dormant's tasks on an existing app (Django's ``proj/celery.py``).
+
+    Only adds: the three tasks, the three queues, routes for dormant's task names and the
+    sweep's beat entry; the app's own defaults are left alone. The tasks carry the options
+    that matter per task (late ack, JSON); run the workers that consume dormant's queues
+    with ``worker_prefetch_multiplier = 1`` and ``-P threads``. ``settings`` defaults to
+    ``Settings.from_env()``, read when the app is configured.
+    """
+    from dormant.tasks import LazyRuntime, register_tasks
+
+    runtime = LazyRuntime(celery_app, settings, agents)
+    register_tasks(celery_app, runtime.get)
+
+    def add_routing(**_: Any) -> None:
+        _add_routing(celery_app, settings or Settings.from_env())
+
+    if celery_app.configured:
+        add_routing()
+    else:
+        celery_app.on_after_configure.connect(add_routing, weak=False)
+
+
+def _add_routing(celery_app: Celery, settings: Settings) -> None:
+    conf = celery_app.conf
+    ours = {name: {"queue": queue} for name, queue in _ROUTES.items()}
+    existing = conf.task_routes
+    if existing is None:
+        existing = ()
+    elif isinstance(existing, dict | str):
+        existing = (existing,)
+    conf.task_routes = (ours, *existing)
+    queues = celery_app.amqp.queues  # built from the app's own settings, default queue included
+    for queue in _dormant_queues():
+        if queue.name not in queues:
+            queues.add(queue)
+    conf.beat_schedule = {
+        **(conf.beat_schedule or {}),
+        SWEEP_TASK: {
+            "task": SWEEP_TASK,
+            "schedule": settings.sweep_interval_s,
+            "options": {
+                "queue": QUEUE_BACKGROUND,
+                "priority": broker_priority(celery_app, Priority.INTERACTIVE),
+                "expires": settings.sweep_interval_s,  # a late sweep is dropped, not piled up
+            },
+        },
+    }
+
+
+_ROUTES = {SLICE_TASK: QUEUE_BACKGROUND, TOOL_TASK: QUEUE_TOOLS, SWEEP_TASK: QUEUE_BACKGROUND}
+
+
+def broker_priority(celery_app: Celery, priority: int) -> int:
+    """dormant's priority (higher first, as in AMQP) as the broker reads it: kombu's Redis
+    transport serves the lowest number first, so there it is inverted."""
+    level = max(0, min(9, int(priority)))
+    return 9 - level if _is_redis(str(celery_app.conf.broker_url or "")) else level
+
+
+class CeleryDispatcher:
+    """``Dispatcher`` by task name: a wake sends ``dormant.slice``, a dispatch ``dormant.tool``.
+
+    With ``marks``, a wake is sent only if no slice of the thread is already queued (see
+    ``RedisWakeMarks``): a thread receiving 20 messages gets one or two slices, not 20.
+    """
+
+    def __init__(self, celery_app: Celery, marks: RedisWakeMarks | None = None) -> None:
+        self._app = celery_app
+        self._marks = marks
+
+    def wake(self, thread_id: str, priority: int) -> None:
+        if self._marks is not None and not self._marks.claim(thread_id):
+            return
+        queue = QUEUE_INTERACTIVE if priority >= Priority.INTERACTIVE else QUEUE_BACKGROUND
+        try:
+            self._send(SLICE_TASK, {"thread_id": thread_id}, queue, priority)
+        except BaseException:
+            if self._marks is not None:
+                self._marks.clear(thread_id)  # the next wake must not be suppressed
+            raise
+
+    def dispatch(self, row: OutboxRow) -> None:
+        kwargs = {
+            "thread_id": row.thread_id,
+            "call_id": row.call_id,
+            "outbox_id": row.id,
+            "action": row.action,
+        }
+        self._send(TOOL_TASK, kwargs, QUEUE_TOOLS, Priority.BACKGROUND)
+
+    def _send(self, name: str, kwargs: dict[str, Any], queue: str, priority: int) -> None:
+        self._app.send_task(
+            name,
+            kwargs=kwargs,
+            queue=queue,
+            priority=broker_priority(self._app, priority),
+            serializer="json",
+            add_to_parent=False,
+        )
+
+
+def client_dispatcher(settings: Settings, marks: RedisWakeMarks | None) -> CeleryDispatcher:
+    """A dispatcher for client processes: a producer-only app (no tasks, no agents)."""
+    app = Celery("dormant-client", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return CeleryDispatcher(app, marks)
+
+
+def run_worker(
+    settings: Settings,
+    agents: AgentSource = None,
+    *,
+    concurrency: int = 8,
+    queues: Sequence[str] = QUEUES,
+    loglevel: str = "info",
+    hostname: str | None = None,
+) -> None:
+    """Run a Celery worker in this process with the threads pool (slices wait on I/O)."""
+    argv = ["worker", "-P", "threads", "-c", str(concurrency), "-l", loglevel]
+    argv += ["-Q", ",".join(queues)]
+    if hostname:
+        argv += ["-n", hostname]
+    create_app(settings, agents).worker_main(argv)
+
+
+def run_beat(settings: Settings, *, loglevel: str = "info") -> None:
+    """Run Celery beat in this process: it sends ``dormant.sweep`` every sweep interval.
+    Beat runs no task, so it needs no agents."""
+    _bare_app(settings, None).start(["beat", "-l", loglevel])
+
+
+@functools.cache
+def _default_app() -> Celery:
+    return create_app(Settings.from_env())
+
+
+def __getattr__(name: str) -> Any:
+    if name == "app":
+        return _default_app()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,137 @@
+"""Agents the Celery tests run on real workers (``DORMANT_AGENTS=celery_agents``).
+
+Their models are scripted functions of the history, so no API key is needed; the ones that
+need to talk to the test (slice intervals, callback URLs) use Redis under the run's prefix.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+
+import redis
+from celery.signals import worker_ready
+
+from dormant import Agent, ToolContext, tool
+from dormant.demo import triage_script
+from dormant.errors import ModelFatal
+from dormant.messages import Item, ToolResult, UserText
+from dormant.models import Completion, ModelRequest, ScriptedModel, call, reply
+from dormant.models.base import ChunkSink
+
+__all__ = ["AGENTS", "shared_key"]
+
+
+@cache
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(os.environ["DORMANT_TEST_REDIS_URL"], decode_responses=True)
+
+
+def shared_key(prefix: str, *parts: str) -> str:
+    """A key the tests and these agents share, under the run's prefix."""
+    return ":".join((prefix, "test", *parts))
+
+
+def _key(*parts: str) -> str:
+    return shared_key(os.environ["DORMANT_KEY_PREFIX"], *parts)
+
+
+@dataclass
+class _Recorded:
+    """A scripted model that records each completion's [start, end] per thread in Redis and
+    takes a little time, so overlapping slices of one thread would show."""
+
+    inner: ScriptedModel
+    delay_s: float = 0.005
+    name: str = "recorded"
+    context_window: int = 128_000
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        start = time.time()
+        time.sleep(random.uniform(0, self.delay_s))
+        completion = self.inner.complete(request, on_chunk)
+        end = time.time()
+        _redis().rpush(_key("intervals", request.thread_id), f"{start:.6f} {end:.6f} {os.getpid()}")
+        return completion
+
+
+def _last(history: Sequence[Item]) -> Item:
+    return history[-1]
+
+
+def _echo(history: Sequence[Item]) -> Completion:
+    users = [i.text for i in history if isinstance(i, UserText)]
+    return reply(f"seen {len(users)}")
+
+
+def _calc(history: Sequence[Item]) -> Completion:
+    last = _last(history)
+    if isinstance(last, ToolResult):
+        return reply(f"done: {last.content}")
+    return reply("adding", call("add", a=2, b=3))
+
+
+def _napper(history: Sequence[Item]) -> Completion:
+    last = _last(history)
+    if isinstance(last, ToolResult):
+        return reply("awake")
+    return reply("napping", call("sleep", seconds=float(os.environ.get("TEST_NAP_S", "8"))))
+
+
+@dataclass
+class _Flaky:
+    """Fails the first ``failures`` completions of each thread (all of them if negative)."""
+
+    failures: int
+    name: str = "flaky"
+    context_window: int = 128_000
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        calls = _redis().incr(_key("calls", request.thread_id))
+        if self.failures < 0 or calls <= self.failures:
+            raise ModelFatal(f"provider refused call {calls} for {request.thread_id}")
+        return reply(f"answered on call {calls}")
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+@tool(deferred=True)
+def run_build(target: str, ctx: ToolContext) -> None:
+    """Start a CI build; its result arrives through the callback URL."""
+    _redis().rpush(_key("callbacks"), ctx.callback_url)
+
+
+@tool(subscription=True)
+def watch_pull_requests(repo: str) -> str:
+    """Subscribe to pull requests opened on ``repo``."""
+    return f"Watching {repo} for new pull requests."
+
+
+echo = Agent("echo", model=_Recorded(ScriptedModel(_echo)))
+calc = Agent("calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.05), tools=[add])
+slow_calc = Agent("slow_calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.3), tools=[add])
+napper = Agent("napper", model=ScriptedModel(_napper))
+triage = Agent(
+    "triage",
+    model=ScriptedModel(triage_script),  # dormant demo's script: the same story, on Celery
+    tools=[run_build, watch_pull_requests],
+)
+
+flaky = Agent("flaky", model=_Flaky(failures=1))
+broken = Agent("broken", model=_Flaky(failures=-1))
+
+AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken]
+
+
+@worker_ready.connect
+def _announce(**_: object) -> None:
+    """Tell the test this worker consumes (its id comes from the test's environment)."""
+    _redis().set(_key("ready", os.environ["TEST_WORKER_ID"]), os.getpid())

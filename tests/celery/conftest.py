@@ -1,0 +1,285 @@
+"""Celery fixtures: a private PostgreSQL database, Redis prefixes, real worker processes.
+
+Each session creates ``dormant_celery_<hex>`` on the server at ``DORMANT_TEST_POSTGRES_URL``
+(migrated with ``upgrade``) and drops it at the end. Each test gets its own key prefix for
+dormant's Redis keys and its own broker key prefix (kombu's ``global_keyprefix``), so runs
+and tests never see each other's tasks; its keys are deleted at teardown. Workers and beat
+are ``python -m celery -A dormant.worker ...`` subprocesses, killed at teardown. Without a
+server the tests are skipped loudly, except in CI (``CI=true``) where that is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+from celery_agents import shared_key
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.exc import OperationalError
+
+from dormant.client import Client
+from dormant.settings import Settings
+from dormant.stores.sql import upgrade
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+POSTGRES_ADMIN_URL = os.environ.get(
+    "DORMANT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
+)
+REDIS_URL = os.environ.get("DORMANT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+FLUSH_REDIS_DB = int(os.environ.get("DORMANT_TEST_FLUSH_REDIS_DB", "7"))
+"""A Redis database the flush test may FLUSHDB (only if it holds nothing but this run's keys)."""
+FLUSH_REDIS_URL = f"{REDIS_URL.rsplit('/', 1)[0]}/{FLUSH_REDIS_DB}"
+QUEUES = "dormant.interactive,dormant.background,dormant.tools"
+_CLI = (
+    "import typer; from dormant.cli_celery import beat, worker; app = typer.Typer(); "
+    "app.command()(worker); app.command()(beat); app()"
+)
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"the Celery tests need PostgreSQL and Redis in CI: {reason}")
+    pytest.skip(f"!!! CELERY TESTS NOT RUN: {reason}")
+
+
+def _admin_engine() -> Engine:
+    url = make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql+psycopg")
+    return create_engine(url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
+
+
+@pytest.fixture(scope="session")
+def celery_database_url() -> Iterator[str]:
+    """A migrated PostgreSQL database private to this session."""
+    admin = _admin_engine()
+    try:
+        with admin.connect() as conn:
+            conn.execute(text("SELECT 1"))
+    except OperationalError as exc:
+        admin.dispose()
+        _unavailable(f"cannot connect to PostgreSQL at {POSTGRES_ADMIN_URL}: {exc}")
+    name = f"dormant_celery_{secrets.token_hex(6)}"
+    with admin.connect() as conn:
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    try:
+        upgrade(url)
+        yield url
+    finally:
+        with admin.connect() as conn:
+            conn.execute(
+                text(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                    " WHERE datname = :name AND pid <> pg_backend_pid()"
+                ),
+                {"name": name},
+            )
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(REDIS_URL, decode_responses=True, socket_connect_timeout=3)
+    try:
+        client.ping()
+    except redis.RedisError as exc:
+        _unavailable(f"cannot connect to Redis at {REDIS_URL}: {exc}")
+    yield client
+    client.close()
+
+
+def wait_until(
+    predicate: Callable[[], Any],
+    timeout_s: float,
+    what: str,
+    *,
+    check: Callable[[], None] = lambda: None,
+    poll_s: float = 0.05,
+) -> Any:
+    """Poll ``predicate`` until it is truthy (returned) or ``timeout_s`` passes (failure).
+    ``check`` runs on every poll to fail fast (a worker that died)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        check()
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)
+
+
+@dataclass
+class Proc:
+    """A worker or beat subprocess, its output in a log file shown when a test fails."""
+
+    name: str
+    popen: subprocess.Popen[bytes]
+    log_path: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGKILL)
+        self.popen.wait(timeout=10)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")[-6000:]
+
+
+@dataclass
+class Deployment:
+    """One isolated dormant deployment: env for processes, a client, its Redis keys."""
+
+    env: dict[str, str]
+    prefix: str
+    redis: redis.Redis
+    log_dir: Path
+    procs: list[Proc] = field(default_factory=list)
+    clients: list[Client] = field(default_factory=list)
+    expected_deaths: set[str] = field(default_factory=set)
+
+    @property
+    def settings(self) -> Settings:
+        return Settings.from_env(self.env)
+
+    def client(self) -> Client:
+        client = Client.from_env(self.env)
+        self.clients.append(client)
+        return client
+
+    def key(self, *parts: str) -> str:
+        return shared_key(self.prefix, *parts)
+
+    def start_worker(
+        self, name: str, *, concurrency: int = 8, env: dict[str, str] | None = None
+    ) -> Proc:
+        argv = [
+            *("-A", "dormant.worker", "worker", "-P", "threads", "-c", str(concurrency)),
+            *(
+                "-Q",
+                QUEUES,
+                "-n",
+                f"{name}.{self.prefix}@%h",
+                "-l",
+                os.environ.get("TEST_CELERY_LOGLEVEL", "warning"),
+            ),
+            *("--without-heartbeat", "--without-gossip", "--without-mingle"),
+        ]
+        return self._start(name, argv, {**(env or {}), "TEST_WORKER_ID": name})
+
+    def start_beat(self) -> Proc:
+        return self._start("beat", ["-A", "dormant.worker", "beat", "-l", "warning"], {})
+
+    def start_cli(self, name: str, *args: str) -> Proc:
+        """``dormant worker ...`` or ``dormant beat``, the Typer commands of ``cli_celery``."""
+        argv = ["-c", _CLI, *args]
+        return self._start(name, argv, {"TEST_WORKER_ID": name}, module=False)
+
+    def _start(
+        self, name: str, argv: list[str], env: dict[str, str], *, module: bool = True
+    ) -> Proc:
+        log_path = self.log_dir / f"{name}.log"
+        with log_path.open("wb") as log:
+            popen = subprocess.Popen(
+                [sys.executable, *(["-m", "celery"] if module else []), *argv],
+                env={**os.environ, **self.env, **env},
+                cwd=ROOT,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
+        proc = Proc(name, popen, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def wait_ready(self, *workers: Proc, timeout_s: float = 30) -> None:
+        """Until each worker has connected and announced itself (``worker_ready``)."""
+        for worker in workers:
+            wait_until(
+                lambda w=worker: self.redis.exists(self.key("ready", w.name)),
+                timeout_s,
+                f"worker {worker.name} to start",
+                check=self.check_alive,
+            )
+
+    def check_alive(self) -> None:
+        for proc in self.procs:
+            if not proc.alive() and proc.name not in self.expected_deaths:
+                pytest.fail(f"{proc.name} died (exit {proc.popen.returncode}):\n{proc.log()}")
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.name} ---\n{p.log()}" for p in self.procs)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            proc.kill()
+        for client in self.clients:
+            client.close()
+        for url in {self.env["DORMANT_REDIS_URL"], REDIS_URL}:
+            conn = redis.Redis.from_url(url)
+            keys = list(conn.scan_iter(match=f"{self.prefix}*", count=1000))
+            for start in range(0, len(keys), 500):
+                conn.delete(*keys[start : start + 500])
+            conn.close()
+
+
+@pytest.fixture
+def deploy(
+    celery_database_url: str,
+    redis_server: redis.Redis,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+) -> Iterator[Callable[..., Deployment]]:
+    """Make a deployment with ``DORMANT_*`` overrides: ``deploy(DORMANT_LEASE_TTL_S="2")``."""
+    made: list[Deployment] = []
+
+    def make(**overrides: str) -> Deployment:
+        prefix = f"dct{secrets.token_hex(5)}"
+        env = {
+            "DORMANT_DATABASE_URL": celery_database_url,
+            "DORMANT_BROKER_URL": REDIS_URL,
+            "DORMANT_REDIS_URL": REDIS_URL,
+            "DORMANT_TEST_REDIS_URL": REDIS_URL,
+            "DORMANT_KEY_PREFIX": prefix,
+            "DORMANT_BROKER_KEY_PREFIX": f"{prefix}:broker:",
+            "DORMANT_SECRET_KEY": secrets.token_hex(16),
+            "DORMANT_AGENTS": "celery_agents",
+            "DORMANT_SWEEP_INTERVAL_S": "1",
+            "DORMANT_OUTBOX_GRACE_S": "2",
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
+            **overrides,
+        }
+        log_dir = tmp_path / prefix
+        log_dir.mkdir()
+        deployment = Deployment(env, prefix, redis_server, log_dir)
+        made.append(deployment)
+        return deployment
+
+    yield make
+    failed = getattr(request.node, "rep_call", None)
+    for deployment in made:
+        if failed is not None and failed.failed:
+            print(deployment.logs())
+        deployment.close()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[Any]:
+    """Keep each phase's report on the item, so fixtures can print logs after a failure."""
+    report = yield
+    setattr(item, f"rep_{report.when}", report)
+    return report

@@ -1,0 +1,76 @@
+"""Redis is only a cache: flushing dormant's Redis mid-run loses no thread and no message."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+import redis
+from conftest import FLUSH_REDIS_DB, FLUSH_REDIS_URL, Deployment, wait_until
+
+from dormant.client import Client
+from dormant.errors import DuplicateMessage
+from dormant.messages import AssistantTurn, ToolResult
+
+THREADS = 40
+
+
+def _finished(client: Client, thread_id: str) -> bool:
+    history = client.history(thread_id)
+    return bool(history) and history[-1] == AssistantTurn(text="done: 5")
+
+
+def _dedicated_redis(prefix: str) -> redis.Redis:
+    """Redis database ``FLUSH_REDIS_DB``, refused if anything but this test uses it."""
+    conn = redis.Redis.from_url(FLUSH_REDIS_URL)
+    foreign = [k for k in conn.scan_iter(count=1000) if not k.decode().startswith(prefix)]
+    if foreign:
+        reason = (
+            f"Redis db {FLUSH_REDIS_DB} holds other keys ({foreign[0]!r}): "
+            "point DORMANT_TEST_FLUSH_REDIS_DB at an unused database"
+        )
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(f"!!! REDIS FLUSH TEST NOT RUN: {reason}")
+    return conn
+
+
+def test_flushing_redis_mid_run_loses_nothing(deploy: Callable[..., Deployment]) -> None:
+    d = deploy(DORMANT_REDIS_URL=FLUSH_REDIS_URL, DORMANT_LEASE_TTL_S="3")
+    dormant_redis = _dedicated_redis(d.prefix)
+    workers = [d.start_worker("w1"), d.start_worker("w2")]
+    d.start_beat()
+    d.wait_ready(*workers)
+    client = d.client()
+    thread_ids = [client.launch("slow_calc", "go", message_id=f"go-{i}") for i in range(THREADS)]
+
+    wait_until(
+        lambda: sum(_finished(client, t) for t in thread_ids) >= 3,
+        30,
+        "the first threads to finish",
+        check=d.check_alive,
+        poll_s=0.02,
+    )
+    leases_lost = len(dormant_redis.keys(f"{d.prefix}:lease:*"))
+    dormant_redis.flushdb()
+    done_at_flush = sum(_finished(client, t) for t in thread_ids)
+    assert done_at_flush < THREADS, f"the flush came too late ({leases_lost} leases lost)"
+
+    wait_until(
+        lambda: all(_finished(client, t) for t in thread_ids),
+        60,
+        "every thread to finish after the flush",
+        check=d.check_alive,
+        poll_s=0.2,
+    )
+    for i, thread_id in enumerate(thread_ids):
+        stored = client.stored_history(thread_id)
+        assert [s.item.kind for s in stored] == ["user", "assistant", "tool_result", "assistant"]
+        results = Counter(s.item.call_id for s in stored if isinstance(s.item, ToolResult))
+        assert list(results.values()) == [1]
+        assert len({s.message_id for s in stored}) == len(stored)
+        with pytest.raises(DuplicateMessage):  # the dedup set was flushed: SQL still knows
+            client.send(thread_id, "go", message_id=f"go-{i}")
+    dormant_redis.close()

@@ -1,0 +1,102 @@
+"""The Redis parts on a real Redis: lease, dedup fast path, wake marks, live events."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Iterator
+
+import pytest
+import redis
+from conftest import wait_until
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from dormant.messages import Chunk, ItemAdded, UserText
+from dormant.stores.redis import RedisDedup, RedisEvents, RedisLease, RedisWakeMarks
+
+
+@pytest.fixture
+def prefix(redis_server: redis.Redis) -> Iterator[str]:
+    prefix = f"dct{secrets.token_hex(5)}"
+    yield prefix
+    keys = list(redis_server.scan_iter(match=f"{prefix}*"))
+    if keys:
+        redis_server.delete(*keys)
+
+
+def test_the_lease_is_exclusive_and_only_its_holder_renews_or_releases_it(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    lease = RedisLease(redis_server, prefix)
+    token = lease.acquire("t1", 30)
+    assert token is not None and lease.held("t1")
+    assert lease.acquire("t1", 30) is None
+    assert not lease.renew("t1", "not-the-token", 30)
+    lease.release("t1", "not-the-token")
+    assert lease.held("t1")
+    assert lease.renew("t1", token, 30)
+    lease.release("t1", token)
+    assert not lease.held("t1")
+    assert lease.acquire("t1", 30) is not None
+
+
+def test_an_expired_lease_taken_by_another_cannot_be_renewed_or_released(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    lease = RedisLease(redis_server, prefix)
+    old = lease.acquire("t1", 0.05)
+    assert old is not None
+    wait_until(lambda: not lease.held("t1"), 5, "the lease to expire")
+    new = lease.acquire("t1", 30)
+    assert new is not None
+    assert not lease.renew("t1", old, 30)
+    lease.release("t1", old)
+    assert lease.held("t1")
+
+
+def test_the_dedup_set_expires_and_reads_unseen_when_redis_is_gone(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    dedup = RedisDedup(redis_server, prefix, ttl_s=60)
+    dedup.add("t1", ["m1", "m2"])
+    assert dedup.seen("t1", "m1") and not dedup.seen("t1", "m3") and not dedup.seen("t2", "m1")
+    assert 0 < redis_server.pttl(f"{prefix}:dedup:t1") <= 60_000
+    gone = redis.Redis(host="127.0.0.1", port=1, retry=Retry(NoBackoff(), 0))
+    down = RedisDedup(gone, prefix, ttl_s=60)
+    assert not down.seen("t1", "m1")  # SQL's unique key decides instead
+    down.add("t1", ["m1"])  # logged, not raised: the commit already happened
+
+
+def test_a_wake_mark_admits_one_waker_until_cleared(redis_server: redis.Redis, prefix: str) -> None:
+    marks = RedisWakeMarks(redis_server, prefix, ttl_s=30)
+    assert marks.claim("t1")
+    assert not marks.claim("t1")
+    assert marks.claim("t2")
+    marks.clear("t1")
+    assert marks.claim("t1")
+
+
+def test_events_are_published_and_the_recent_ones_kept_without_chunks(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    events = RedisEvents(redis_server, prefix, keep=3)
+    pubsub = redis_server.pubsub()
+    pubsub.subscribe(events.channel("t1"))
+    wait_until(lambda: pubsub.get_message(timeout=0.1), 5, "the subscription")
+    for seq in range(1, 6):
+        events.publish(ItemAdded(thread_id="t1", seq=seq, item=UserText(text=f"m{seq}")))
+    events.publish(Chunk(thread_id="t1", text="partial"))
+
+    assert [e.seq for e in events.recent("t1") if isinstance(e, ItemAdded)] == [3, 4, 5]
+    assert events.recent("t2") == []
+    received: list[str] = []
+
+    def drained() -> bool:
+        while (message := pubsub.get_message()) is not None:
+            received.append(json.loads(message["data"])["kind"])
+        return len(received) >= 6
+
+    wait_until(drained, 5, "the published events")
+    assert received == ["item"] * 5 + ["chunk"]
+    pubsub.close()
