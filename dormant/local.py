@@ -104,6 +104,9 @@ class LocalSystem(BaseClient):
             agents=registry,
             settings=settings,
         )
+        # Tool runs a previous process dispatched but never ran died with it: re-dispatch
+        # them now, before this process dispatches anything of its own.
+        self._sweep_once(grace_s=0.0, lost_after_s=0.0)
         self._sweeper = threading.Thread(
             target=self._sweep_loop, name="dormant-sweeper", daemon=True
         )
@@ -224,5 +227,6 @@ class LocalSystem(BaseClient):
             return interval_s
         return max(0.0, min(interval_s, (due - datetime.now(UTC)).total_seconds()))
 
-    def _sweep_once(self, grace_s: float) -> bool:
-        return sweep_once(self.store, self.lease, self, datetime.now(UTC), grace_s)
+    def _sweep_once(self, grace_s: float, lost_after_s: float | None = None) -> bool:
+        lost_after_s = self.settings.visibility_timeout_s if lost_after_s is None else lost_after_s
+        return sweep_once(self.store, self.lease, self, datetime.now(UTC), grace_s, lost_after_s)

@@ -26,6 +26,11 @@ ENV_NAMES = {
     "outbox_grace_s": "DORMANT_OUTBOX_GRACE_S",
     "visibility_timeout_s": "DORMANT_VISIBILITY_TIMEOUT_S",
     "broker_key_prefix": "DORMANT_BROKER_KEY_PREFIX",
+    "max_message_bytes": "DORMANT_MAX_MESSAGE_BYTES",
+    "model_attempts": "DORMANT_MODEL_ATTEMPTS",
+    "model_backoff_s": "DORMANT_MODEL_BACKOFF_S",
+    "stall_after_failures": "DORMANT_STALL_AFTER_FAILURES",
+    "failure_backoff_s": "DORMANT_FAILURE_BACKOFF_S",
 }
 
 
@@ -55,7 +60,11 @@ class Settings:
     model_attempts: int = 4
     model_backoff_s: float = 0.5
     model_backoff_max_s: float = 30.0
-    stall_after_failures: int = 3
+    stall_after_failures: int = 5
+    failure_backoff_s: float = 5.0
+    """After a failed slice the thread waits this long before the next, doubling each time
+    up to ``failure_backoff_max_s``: a provider outage of minutes stalls nothing."""
+    failure_backoff_max_s: float = 300.0
     sweep_interval_s: float = 2.0
     outbox_grace_s: float = 10.0
     dedup_ttl_s: float = 24 * 3600.0
@@ -88,7 +97,9 @@ class Settings:
             elif name == "crash_points":
                 values[name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
             elif isinstance(getattr(cls, name, None), float):
-                values[name] = float(raw)
+                values[name] = _number(var, raw, float)
+            elif isinstance(getattr(cls, name, None), int):
+                values[name] = _number(var, raw, int)
             else:
                 values[name] = raw
         values.update(overrides)
@@ -112,3 +123,12 @@ class Settings:
         in-process system with no configuration should do.
         """
         return self if self.secret_keys else replace(self, secret_keys=(secrets.token_hex(32),))
+
+
+def _number(var: str, raw: str, kind: type[float] | type[int]) -> float | int:
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigurationError(
+            f"{var}={raw!r} is not a{'n integer' if kind is int else ' number'}"
+        ) from None

@@ -17,11 +17,18 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
 from dormant.agents import Agent, AgentRegistry
-from dormant.errors import CrashPoint, LeaseLost, ModelError, SteeredAway, UnknownThread
+from dormant.errors import (
+    CrashPoint,
+    LeaseLost,
+    ModelError,
+    SteeredAway,
+    UnknownAgent,
+    UnknownThread,
+)
 from dormant.history import Applied, EventSpawn, apply_inbox, pending
 from dormant.messages import (
     EVENT_TOOL_NAME,
@@ -172,11 +179,13 @@ class Stale:
 
 @dataclass(frozen=True)
 class Failed:
-    """The model failed; nothing was committed and the messages stay queued."""
+    """The model failed; nothing was committed and the messages stay queued until
+    ``retry_at`` (the sweeper will not wake the thread before)."""
 
     thread_id: str
     error: str
     stalled: bool
+    retry_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -257,7 +266,12 @@ class _Slice:
         if not snap.inbox:
             return _settled(self.thread_id, snap.thread.status, snap.calls), None
         self.seen = max(row.id for row in snap.inbox)
-        agent = deps.agents.get_agent(snap.thread.agent)
+        try:
+            agent = deps.agents.get_agent(snap.thread.agent)
+        except UnknownAgent as error:
+            # A deployment without this agent can never run the thread: stall it visibly
+            # (``retry`` once the agent is deployed) rather than fail on every sweep.
+            return self._failed(snap, f"{error} in this worker", stall_after=1), None
         self.steering = agent.steering == "interrupt"
         applied = apply_inbox(snap.thread, snap.calls, snap.inbox)
         turn = _Turn(snap.next_seq)
@@ -271,20 +285,27 @@ class _Slice:
             except SteeredAway:
                 return Steered(self.thread_id), self.seen
             except ModelError as error:
-                return self._failed(error), None
+                return self._failed(snap, f"{type(error).__name__}: {error}"), None
         return self._commit(snap, applied, turn)
 
-    def _failed(self, error: ModelError) -> Failed:
+    def _failed(self, snap: Snapshot, error: str, stall_after: int | None = None) -> Failed:
+        """Record a failed slice: nothing was consumed; the next try waits (backoff)."""
         deps = self.deps
+        settings = deps.settings
+        wait_s = min(
+            settings.failure_backoff_max_s,
+            settings.failure_backoff_s * 2**snap.thread.failures,
+        )
+        retry_at = deps.clock() + timedelta(seconds=wait_s)
         info = deps.store.record_failure(
-            self.thread_id, f"{type(error).__name__}: {error}", deps.settings.stall_after_failures
+            self.thread_id, error, stall_after or settings.stall_after_failures, retry_at
         )
         stalled = info.status is ThreadStatus.STALLED
         if stalled:
             deps.events.publish(
                 StatusChanged(thread_id=self.thread_id, status=info.status, detail=info.last_error)
             )
-        return Failed(self.thread_id, info.last_error, stalled)
+        return Failed(self.thread_id, info.last_error, stalled, retry_at)
 
     # step 5-6 -------------------------------------------------------------------------
 

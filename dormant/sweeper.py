@@ -9,6 +9,7 @@ and a redundant wake finds the lease taken or the inbox empty.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+
 from dormant.slice import Dispatcher
 from dormant.stores.base import Lease, SweepStore
 
@@ -16,19 +17,27 @@ __all__ = ["sweep_once"]
 
 
 def sweep_once(
-    store: SweepStore, lease: Lease, dispatcher: Dispatcher, now: datetime, grace_s: float
+    store: SweepStore,
+    lease: Lease,
+    dispatcher: Dispatcher,
+    now: datetime,
+    grace_s: float,
+    lost_after_s: float,
 ) -> bool:
-    """Fire due timers, re-dispatch outbox rows older than ``grace_s`` and re-wake threads
-    with unapplied inbox rows and no live lease; True if anything was done."""
+    """Fire due timers; re-dispatch outbox rows never dispatched after ``grace_s``, and
+    rows dispatched ``lost_after_s`` ago that no worker ran (the broker lost the task);
+    re-wake threads with unapplied inbox rows, no live lease and no pending backoff.
+    True if anything was done."""
     woke = False
     for row in store.fire_due_timers(now):
         dispatcher.wake(row.thread_id, row.priority)
         woke = True
-    for outbox in store.undispatched(now - timedelta(seconds=grace_s)):
+    lost_before = now - timedelta(seconds=lost_after_s)
+    for outbox in store.undispatched(now - timedelta(seconds=grace_s), lost_before=lost_before):
         dispatcher.dispatch(outbox)
         store.mark_dispatched([outbox.id])
         woke = True
-    for thread_id in store.threads_to_wake():
+    for thread_id in store.threads_to_wake(now=now):
         if not lease.held(thread_id):
             dispatcher.wake(thread_id, 0)
             woke = True

@@ -24,7 +24,6 @@ from celery import Celery, Task
 from dormant.agents import AgentRegistry
 from dormant.client import Client
 from dormant.errors import CrashPoint, LeaseLost, NotFound
-from dormant.models.retry import backoff_s
 from dormant.settings import Settings
 from dormant.slice import (
     Busy,
@@ -169,8 +168,10 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
             _die(crash.name)
         except LeaseLost:
             return "lease lost"
-        if isinstance(outcome, Failed) and not outcome.stalled:
-            raise self.retry(countdown=_retry_countdown_s(rt.settings, self.request.retries))
+        if isinstance(outcome, Failed) and not outcome.stalled and outcome.retry_at is not None:
+            countdown_s = (outcome.retry_at - datetime.now(UTC)).total_seconds()
+            if countdown_s < rt.settings.visibility_timeout_s / 2:  # never a long ETA
+                raise self.retry(countdown=max(0.0, countdown_s))
         return outcome_text(outcome)
 
     @celery_app.task(name=TOOL_TASK, **options)  # type: ignore[untyped-decorator]
@@ -193,12 +194,11 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
     def sweep_task() -> str:
         rt = runtime()
         now = datetime.now(UTC)
-        woke = sweep_once(rt.store, rt.deps.lease, rt.dispatcher, now, rt.settings.outbox_grace_s)
+        settings = rt.settings
+        # A tool task unacknowledged this long was redelivered by the broker if a worker
+        # died; one still not run after that was lost (a flushed or failed-over broker).
+        lost_after_s = settings.visibility_timeout_s + settings.outbox_grace_s
+        woke = sweep_once(
+            rt.store, rt.deps.lease, rt.dispatcher, now, settings.outbox_grace_s, lost_after_s
+        )
         return "woke" if woke else "quiet"
-
-
-def _retry_countdown_s(settings: Settings, retries: int) -> float:
-    """Seconds before a failed slice runs again: short, jittered, below the visibility timeout."""
-    base_s = max(1.0, settings.model_backoff_s * 4)
-    cap_s = min(settings.model_backoff_max_s, settings.visibility_timeout_s / 2)
-    return backoff_s(retries + 1, base_s, max(base_s, cap_s))

@@ -400,7 +400,9 @@ def test_a_failing_provider_stalls_the_thread_and_retry_completes_it(
 ) -> None:
     server.repeat(openai_error(500, "The server had an error"))
     agent = Agent("weather", model=model, tools=[get_weather])
-    settings = Settings(stall_after_failures=2, model_attempts=2, model_backoff_s=0.01)
+    settings = Settings(
+        stall_after_failures=2, model_attempts=2, model_backoff_s=0.01, failure_backoff_s=0.0
+    )
 
     with LocalSystem([agent], "memory://", settings=settings) as system:
         thread_id = system.launch("weather", "Weather in Paris?")

@@ -124,3 +124,42 @@ def test_a_stale_lease_holder_commits_nothing() -> None:
     assert isinstance(h.step(t), Stale)
     assert [turn.text for turn in turns(h.history(t))] == ["answer"]
     assert [r.state for r in h.store.inbox(t)] == [InboxState.DONE]
+
+
+def test_a_failed_slice_backs_off_exponentially_before_the_sweeper_retries() -> None:
+    from datetime import timedelta
+
+    model = Flaky(failures=10)
+    h = Harness(
+        Agent("a", model=model), settings=settings(failure_backoff_s=4.0, stall_after_failures=9)
+    )
+    t = h.launch("a", "hi")
+    first = h.step(t)
+    second = h.step(t)
+    assert isinstance(first, Failed) and isinstance(second, Failed)
+    assert first.retry_at is not None and second.retry_at is not None
+    waited = [first.retry_at - h.thread(t).created_at, second.retry_at - h.thread(t).created_at]
+    assert timedelta(seconds=3.5) < waited[0] < timedelta(seconds=5)
+    assert timedelta(seconds=7.5) < waited[1] < timedelta(seconds=9)
+    assert h.store.threads_to_wake(now=second.retry_at - timedelta(seconds=1)) == []
+    assert h.store.threads_to_wake(now=second.retry_at) == [t]
+
+
+def test_a_thread_whose_agent_this_worker_lacks_is_stalled_with_the_reason() -> None:
+    h = Harness(Agent("a", model=Flaky(0)))
+    t = h.launch("a", "hi")
+    h.deps = replace_agents(h)
+    outcome = h.step(t)
+    assert isinstance(outcome, Failed) and outcome.stalled
+    info = h.thread(t)
+    assert info.status is ThreadStatus.STALLED
+    assert "unknown agent 'a'" in info.last_error and "in this worker" in info.last_error
+    assert [r.state for r in h.store.inbox(t)] == [InboxState.PENDING]
+
+
+def replace_agents(h: Harness) -> object:
+    from dataclasses import replace
+
+    from dormant.agents import AgentRegistry
+
+    return replace(h.deps, agents=AgentRegistry([Agent("other", model=Flaky(0))]))

@@ -1028,3 +1028,42 @@ def test_sqlite_runs_in_wal_mode_with_foreign_keys_and_a_busy_timeout(tmp_path: 
         engine.dispose()
 
     assert pragmas[0] == "wal" and pragmas[1] == 1 and pragmas[2] > 0
+
+
+def test_a_row_that_ran_before_its_dispatch_was_stamped_is_never_stranded(store: Store) -> None:
+    info = new_thread(store)
+    (row,) = store.commit(commit_from(store.load(info.id), outbox=[("c1", "tool")])) or []
+    store.mark_ran([row.id])  # a fast tool finished before the slice stamped the dispatch
+    store.mark_dispatched([row.id])
+    later = datetime.now(UTC) + timedelta(hours=2)
+    assert store.undispatched(later, lost_before=later) == []
+
+
+def test_a_dispatched_row_no_worker_ran_is_found_as_lost_after_the_given_time(
+    store: Store,
+) -> None:
+    info = new_thread(store)
+    (row,) = store.commit(commit_from(store.load(info.id), outbox=[("c1", "tool")])) or []
+    store.mark_dispatched([row.id])
+    now = datetime.now(UTC)
+    assert store.undispatched(now + timedelta(hours=1)) == []  # dispatched: not stranded
+    assert store.undispatched(now, lost_before=now - timedelta(minutes=5)) == []  # too recent
+    lost = store.undispatched(now, lost_before=now + timedelta(minutes=5))
+    assert [r.id for r in lost] == [row.id]
+    store.mark_ran([row.id])
+    assert store.undispatched(now, lost_before=now + timedelta(minutes=5)) == []
+
+
+def test_a_failing_thread_is_not_woken_before_its_retry_time(store: Store) -> None:
+    info = new_thread(store)
+    enqueue(store, info.id)
+    now = datetime.now(UTC)
+    failed = store.record_failure(
+        info.id, "503", stall_after=5, retry_at=now + timedelta(seconds=30)
+    )
+    assert failed.retry_at is not None and failed.retry_at > now
+    assert store.threads_to_wake(now=now) == []
+    assert store.threads_to_wake(now=now + timedelta(seconds=31)) == [info.id]
+    assert store.threads_to_wake() == [info.id]  # without a clock: no backoff applies
+    store.set_status(info.id, ThreadStatus.IDLE)
+    assert store.thread(info.id).retry_at is None

@@ -95,6 +95,8 @@ class ThreadInfo:
     last_error: str = ""
     inbox_seen: int = 0
     """The highest inbox id a committed slice has looked at (informational)."""
+    retry_at: datetime | None = None
+    """After a failed slice: the sweeper leaves the thread alone until then (backoff)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,6 +137,8 @@ class OutboxRow:
     action: str
     created_at: datetime
     dispatched_at: datetime | None = None
+    ran_at: datetime | None = None
+    """When a worker ran it; a row dispatched long ago that never ran was lost by the broker."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +231,11 @@ class SliceStore(Protocol):
         """Write atomically; the new outbox rows, or None when ``version`` moved (stale)."""
         ...
 
-    def record_failure(self, thread_id: str, error: str, stall_after: int) -> ThreadInfo:
-        """Count a failed slice (nothing else changes); stall the thread at ``stall_after``."""
+    def record_failure(
+        self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
+    ) -> ThreadInfo:
+        """Count a failed slice (nothing else changes); stall the thread at ``stall_after``;
+        leave it to the sweeper only after ``retry_at``."""
         ...
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None: ...
@@ -289,12 +296,24 @@ class SweepStore(Protocol):
         """Turn due timers into inbox rows (stable message ids), marking them fired."""
         ...
 
-    def undispatched(self, older_than: datetime, limit: int = 100) -> list[OutboxRow]: ...
+    def undispatched(
+        self, older_than: datetime, limit: int = 100, *, lost_before: datetime | None = None
+    ) -> list[OutboxRow]:
+        """Rows never dispatched and created before ``older_than``, and (with
+        ``lost_before``) rows dispatched before it that no worker ever ran."""
+        ...
 
-    def mark_dispatched(self, outbox_ids: list[int]) -> None: ...
+    def mark_dispatched(self, outbox_ids: list[int]) -> None:
+        """Stamp the dispatch time (again, for a re-dispatch) of rows not yet run."""
+        ...
 
-    def threads_to_wake(self, limit: int = 100) -> list[str]:
-        """Threads (not stalled) with inbox rows in state pending, longest-waiting first."""
+    def mark_ran(self, outbox_ids: list[int]) -> None:
+        """A worker ran these rows: they are never dispatched again."""
+        ...
+
+    def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
+        """Threads (not stalled, not backing off at ``now``) with inbox rows in state
+        pending, longest-waiting first."""
         ...
 
     def next_timer_due(self) -> datetime | None: ...

@@ -131,7 +131,7 @@ class MemoryStore:
     def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
         with self._lock:
             t = self._get(thread_id)
-            return self._update(t, status=status, failures=0, last_error="")
+            return self._update(t, status=status, failures=0, last_error="", retry_at=None)
 
     # inbox ----------------------------------------------------------------------------
 
@@ -226,27 +226,37 @@ class MemoryStore:
                 inbox_seen=max(info.inbox_seen, commit.inbox_seen),
                 failures=0,
                 last_error="",
+                retry_at=None,
             )
             if commit.usage is not None:
                 changes["usage"] = commit.usage
             self._update(t, **changes)
             return created
 
-    def record_failure(self, thread_id: str, error: str, stall_after: int) -> ThreadInfo:
+    def record_failure(
+        self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
+    ) -> ThreadInfo:
         with self._lock:
             t = self._get(thread_id)
             info = self._info(t)
             failures = info.failures + 1
             status = ThreadStatus.STALLED if failures >= stall_after else info.status
-            return self._update(t, failures=failures, last_error=error, status=status)
+            return self._update(
+                t, failures=failures, last_error=error, status=status, retry_at=retry_at
+            )
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None:
+        now = _now()
         with self._lock:
             for row_id in outbox_ids:
                 row = self._outbox.get(row_id)
-                if row is not None and row.dispatched_at is None:
-                    # Dispatched rows are done with; keep nothing of them.
-                    del self._outbox[row_id]
+                if row is not None:
+                    self._outbox[row_id] = replace(row, dispatched_at=now)
+
+    def mark_ran(self, outbox_ids: list[int]) -> None:
+        with self._lock:
+            for row_id in outbox_ids:
+                self._outbox.pop(row_id, None)  # ran rows are done with: keep nothing
 
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
@@ -300,19 +310,27 @@ class MemoryStore:
                 fired.append(row)
         return fired
 
-    def undispatched(self, older_than: datetime, limit: int = 100) -> list[OutboxRow]:
+    def undispatched(
+        self, older_than: datetime, limit: int = 100, *, lost_before: datetime | None = None
+    ) -> list[OutboxRow]:
+        def stranded(row: OutboxRow) -> bool:
+            if row.dispatched_at is None:
+                return row.created_at <= older_than
+            return lost_before is not None and row.dispatched_at <= lost_before
+
         with self._lock:
-            rows = [r for r in self._outbox.values() if r.created_at <= older_than]
+            rows = [r for r in self._outbox.values() if stranded(r)]
         return sorted(rows, key=lambda r: r.id)[:limit]
 
-    def threads_to_wake(self, limit: int = 100) -> list[str]:
+    def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         with self._lock:
             wake: list[str] = []
             for row in sorted(self._pending.values(), key=lambda r: r.id):
                 if row.thread_id in wake or row.state is not InboxState.PENDING:
                     continue
                 info = self._info(self._threads[row.thread_id])
-                if info.status is not ThreadStatus.STALLED:
+                backing_off = now is not None and info.retry_at is not None and info.retry_at > now
+                if info.status is not ThreadStatus.STALLED and not backing_off:
                     wake.append(row.thread_id)
             return wake[:limit]
 

@@ -18,7 +18,18 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, case, create_engine, event, func, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    and_,
+    case,
+    create_engine,
+    event,
+    func,
+    or_,
+    select,
+    update,
+)
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.pool import StaticPool
@@ -199,15 +210,23 @@ class SQLStore:
 
     def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
         return self._update_thread(
-            thread_id, status=status.value, failures=0, last_error="", updated_at=_now()
+            thread_id,
+            status=status.value,
+            failures=0,
+            last_error="",
+            retry_at=None,
+            updated_at=_now(),
         )
 
-    def record_failure(self, thread_id: str, error: str, stall_after: int) -> ThreadInfo:
+    def record_failure(
+        self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
+    ) -> ThreadInfo:
         stalls = threads.c.failures + 1 >= stall_after
         return self._update_thread(
             thread_id,
             failures=threads.c.failures + 1,
             last_error=error,
+            retry_at=as_utc(retry_at) if retry_at is not None else None,
             status=case((stalls, ThreadStatus.STALLED.value), else_=threads.c.status),
             updated_at=_now(),
         )
@@ -335,8 +354,18 @@ class SQLStore:
         with self._tx(write=True) as conn:
             conn.execute(
                 update(outbox)
-                .where(outbox.c.id.in_(outbox_ids), outbox.c.dispatched_at.is_(None))
+                .where(outbox.c.id.in_(outbox_ids), outbox.c.ran_at.is_(None))
                 .values(dispatched_at=_now())
+            )
+
+    def mark_ran(self, outbox_ids: list[int]) -> None:
+        if not outbox_ids:
+            return
+        with self._tx(write=True) as conn:
+            conn.execute(
+                update(outbox)
+                .where(outbox.c.id.in_(outbox_ids), outbox.c.ran_at.is_(None))
+                .values(ran_at=_now())
             )
 
     # sweeper -------------------------------------------------------------------------
@@ -366,17 +395,26 @@ class SQLStore:
                     fired.append(row)
         return fired
 
-    def undispatched(self, older_than: datetime, limit: int = 100) -> list[OutboxRow]:
+    def undispatched(
+        self, older_than: datetime, limit: int = 100, *, lost_before: datetime | None = None
+    ) -> list[OutboxRow]:
+        # A row that ran is never stranded, even if its dispatch stamp lost the race
+        # against the (fast) tool run.
+        stranded = and_(
+            outbox.c.ran_at.is_(None),
+            outbox.c.dispatched_at.is_(None),
+            outbox.c.created_at <= as_utc(older_than),
+        )
+        if lost_before is not None:
+            lost = and_(outbox.c.ran_at.is_(None), outbox.c.dispatched_at <= as_utc(lost_before))
+            stranded = or_(stranded, lost)
         query = (
-            select(outbox)
-            .where(outbox.c.dispatched_at.is_(None), outbox.c.created_at <= as_utc(older_than))
-            .order_by(outbox.c.created_at, outbox.c.id)
-            .limit(limit)
+            select(outbox).where(stranded).order_by(outbox.c.created_at, outbox.c.id).limit(limit)
         )
         with self._tx() as conn:
             return [outbox_row(r) for r in conn.execute(query).mappings()]
 
-    def threads_to_wake(self, limit: int = 100) -> list[str]:
+    def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads with rows no slice has looked at, the longest-waiting first; stalled
         ones wait for ``retry``."""
         query = (
@@ -385,6 +423,11 @@ class SQLStore:
             .where(
                 IS_PENDING,
                 threads.c.status != ThreadStatus.STALLED.value,
+                *(
+                    []
+                    if now is None
+                    else [or_(threads.c.retry_at.is_(None), threads.c.retry_at <= as_utc(now))]
+                ),
             )
             .group_by(inbox.c.thread_id)
             .order_by(func.min(inbox.c.id))

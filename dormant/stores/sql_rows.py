@@ -99,6 +99,7 @@ def thread_values(thread: NewThread, now: datetime) -> dict[str, Any]:
         "version": 0,
         "failures": 0,
         "last_error": "",
+        "retry_at": None,
         "inbox_seen": 0,
         "metadata": dict(thread.metadata),
         "usage": Usage().model_dump(mode="json"),
@@ -124,6 +125,7 @@ def thread_info(row: Row) -> ThreadInfo:
         failures=row["failures"],
         last_error=row["last_error"],
         inbox_seen=row["inbox_seen"],
+        retry_at=row["retry_at"],
     )
 
 
@@ -207,6 +209,7 @@ def outbox_row(row: Row) -> OutboxRow:
         action=row["action"],
         created_at=row["created_at"],
         dispatched_at=row["dispatched_at"],
+        ran_at=row["ran_at"],
     )
 
 
@@ -388,6 +391,7 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
         "inbox_seen": case((seen > commit.inbox_seen, seen), else_=commit.inbox_seen),
         "failures": 0,
         "last_error": "",
+        "retry_at": None,
         "updated_at": now,
     }
     if commit.usage is not None:

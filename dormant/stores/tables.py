@@ -110,6 +110,7 @@ class ThreadTable(_Table, table=True):
     failures: int = Field(default=0, sa_type=Integer)
     last_error: str = Field(default="", sa_type=Text)
     inbox_seen: int = Field(default=0, sa_type=BigInteger)
+    retry_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     # "metadata" is reserved on declarative classes: the attribute is renamed, not the column.
     meta: dict[str, Any] = Field(
         default_factory=dict, sa_type=JSON, sa_column_kwargs={"name": "metadata"}
@@ -196,6 +197,12 @@ class OutboxTable(_Table, table=True):
             postgresql_where=text("dispatched_at IS NULL"),
             sqlite_where=text("dispatched_at IS NULL"),
         ),
+        Index(
+            "ix_outbox_unran",
+            "dispatched_at",
+            postgresql_where=text("ran_at IS NULL"),
+            sqlite_where=text("ran_at IS NULL"),
+        ),
         {"sqlite_autoincrement": True},
     )
 
@@ -205,6 +212,7 @@ class OutboxTable(_Table, table=True):
     action: str = Field(sa_type=String)
     created_at: datetime = Field(sa_type=UTCDateTime)
     dispatched_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    ran_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
 class TimerTable(_Table, table=True):

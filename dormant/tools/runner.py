@@ -10,13 +10,18 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from dormant.agents import AgentRegistry
 from dormant.stores.base import CallState, OutboxRow, QueryStore
 from dormant.tools.base import ToolContext, ToolSink
 
-__all__ = ["as_text", "execute_outbox"]
+__all__ = ["RunnerStore", "as_text", "execute_outbox"]
+
+
+class RunnerStore(QueryStore, Protocol):
+    def mark_ran(self, outbox_ids: list[int]) -> None: ...
+
 
 log = logging.getLogger("dormant.tools")
 
@@ -32,13 +37,29 @@ def as_text(value: Any) -> str:
 
 def execute_outbox(
     row: OutboxRow,
-    store: QueryStore,
+    store: RunnerStore,
     agents: AgentRegistry,
     sink: ToolSink,
     callback_url: Callable[[str, str], str],
     crash: Callable[[str], None] = lambda _point: None,
 ) -> None:
-    """Run ``row``; every failure of the tool becomes an "Error: ..." result (never a hang)."""
+    """Run ``row``; every failure of the tool becomes an "Error: ..." result (never a hang).
+
+    The row is marked ran once the work is done or found unnecessary, so the sweeper
+    re-dispatches only rows whose task the broker lost before any worker ran it.
+    """
+    _run(row, store, agents, sink, callback_url, crash)
+    store.mark_ran([row.id])
+
+
+def _run(
+    row: OutboxRow,
+    store: RunnerStore,
+    agents: AgentRegistry,
+    sink: ToolSink,
+    callback_url: Callable[[str, str], str],
+    crash: Callable[[str], None],
+) -> None:
     thread = store.thread(row.thread_id)
     call = store.call(row.thread_id, row.call_id)
     tool = agents.get_agent(thread.agent).tool(call.name)

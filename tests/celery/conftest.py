@@ -260,6 +260,7 @@ def deploy(
             "DORMANT_AGENTS": "celery_agents",
             "DORMANT_SWEEP_INTERVAL_S": "1",
             "DORMANT_OUTBOX_GRACE_S": "2",
+            "DORMANT_FAILURE_BACKOFF_S": "0.2",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")])),
             **overrides,
         }

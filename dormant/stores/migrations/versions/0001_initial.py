@@ -52,6 +52,7 @@ def upgrade() -> None:
         sa.Column("failures", sa.Integer(), nullable=False),
         sa.Column("last_error", sa.Text(), nullable=False),
         sa.Column("inbox_seen", sa.BigInteger(), nullable=False),
+        sa.Column("retry_at", _AT, nullable=True),
         sa.Column("metadata", sa.JSON(), nullable=False),
         sa.Column("usage", sa.JSON(), nullable=False),
         sa.Column("created_at", _AT, nullable=False),
@@ -113,11 +114,13 @@ def upgrade() -> None:
         sa.Column("action", sa.String(), nullable=False),
         sa.Column("created_at", _AT, nullable=False),
         sa.Column("dispatched_at", _AT, nullable=True),
+        sa.Column("ran_at", _AT, nullable=True),
         sa.PrimaryKeyConstraint("id", name="pk_outbox"),
         _thread_fk("outbox"),
         sqlite_autoincrement=True,
     )
     _partial("ix_outbox_undispatched", "outbox", ["created_at"], "dispatched_at IS NULL")
+    _partial("ix_outbox_unran", "outbox", ["dispatched_at"], "ran_at IS NULL")
 
     op.create_table(
         "timers",
