@@ -1,0 +1,29 @@
+"""``Turn``: everything one slice will commit, built up step by step."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dormant.messages import Inbound, Item, Usage
+from dormant.stores.base import NewThread, NewTimer, StoredItem
+
+__all__ = ["Turn"]
+
+
+@dataclass
+class Turn:
+    """What the slice will commit, built up step by step."""
+
+    next_seq: int
+    items: list[StoredItem] = field(default_factory=list)
+    outbox: list[tuple[str, str]] = field(default_factory=list)
+    timers: list[NewTimer] = field(default_factory=list)
+    threads: list[NewThread] = field(default_factory=list)
+    enqueue: list[tuple[str, str, Inbound, int]] = field(default_factory=list)
+    usage: Usage | None = None
+    closing: bool = False
+
+    def add(self, message_id: str, item: Item) -> StoredItem:
+        stored = StoredItem(self.next_seq + len(self.items), message_id, item)
+        self.items.append(stored)
+        return stored
