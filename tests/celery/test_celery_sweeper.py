@@ -39,7 +39,7 @@ def test_a_sweep_wakes_unapplied_threads_without_a_live_lease() -> None:
         store.enqueue(thread_id, "m1", UserMessage(text="hi"), Priority.INTERACTIVE)
     lease.acquire("leased", 60)
 
-    assert sweep_once(store, lease, dispatcher, datetime.now(UTC), grace_s=10)
+    assert sweep_once(store, lease, dispatcher, datetime.now(UTC), grace_s=10, lost_after_s=3600)
     assert dispatcher.woken == [("free", 0)]
 
 
@@ -64,11 +64,17 @@ def test_a_sweep_fires_due_timers_and_redispatches_stranded_outbox_rows() -> Non
     message = ToolResultMessage(call_id="call_2", content="slept")
     store.add_timer("t1", NewTimer("call_2", now - timedelta(seconds=1), "timer:call_2", message))
 
-    assert not sweep_once(store, lease, _Dispatcher(), now - timedelta(seconds=5), grace_s=10)
-    assert sweep_once(store, lease, dispatcher, now + timedelta(seconds=11), grace_s=10)
+    assert not sweep_once(
+        store, lease, _Dispatcher(), now - timedelta(seconds=5), grace_s=10, lost_after_s=3600
+    )
+    assert sweep_once(
+        store, lease, dispatcher, now + timedelta(seconds=11), grace_s=10, lost_after_s=3600
+    )
     assert dispatcher.woken[0] == ("t1", Priority.BACKGROUND)
     assert [(r.call_id, r.action) for r in dispatcher.dispatched] == [("call_1", "tool")]
     assert store.undispatched(now + timedelta(days=1)) == []
     again = _Dispatcher()  # the timer's message stays unapplied until a slice runs
-    assert sweep_once(store, lease, again, now + timedelta(seconds=12), grace_s=10)
+    assert sweep_once(
+        store, lease, again, now + timedelta(seconds=12), grace_s=10, lost_after_s=3600
+    )
     assert again.woken == [("t1", 0)] and again.dispatched == []
