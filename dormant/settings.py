@@ -55,6 +55,9 @@ class Settings:
     token_ttl_s: float = 7 * 24 * 3600.0
     max_message_bytes: int = 256 * 1024
     max_rounds_per_slice: int = 8
+    chunk_flush_s: float = 0.05
+    """Streamed text is published to observers at most this often (coalesced chunks): a
+    human cannot tell, and a slice makes one publish instead of one per chunk."""
     steer_check_s: float = 0.2
     """How often a streaming completion of an ``interrupt``-steered agent looks for new text."""
     model_attempts: int = 4

@@ -172,6 +172,8 @@ class _Slice:
         self.steer_checked_at = time.monotonic()
         self.seen = 0
         self.steering = False
+        self.streamed = ""
+        self.flushed_at = time.monotonic()
 
     def run(self) -> tuple[SliceOutcome, int | None]:
         deps = self.deps
@@ -267,15 +269,18 @@ class _Slice:
     def _complete(self, model: Model, request: ModelRequest) -> Completion:
         self._keep_lease(time.monotonic())
         settings = self.deps.settings
-        return complete_with_retry(
-            model,
-            request,
-            self._on_chunk,
-            attempts=settings.model_attempts,
-            base_s=settings.model_backoff_s,
-            max_s=settings.model_backoff_max_s,
-            sleep=self.deps.sleep,
-        )
+        try:
+            return complete_with_retry(
+                model,
+                request,
+                self._on_chunk,
+                attempts=settings.model_attempts,
+                base_s=settings.model_backoff_s,
+                max_s=settings.model_backoff_max_s,
+                sleep=self.deps.sleep,
+            )
+        finally:
+            self._flush_chunks(time.monotonic())
 
     def _compact(
         self,
@@ -300,6 +305,13 @@ class _Slice:
         turn.usage = Usage()  # the old count no longer describes the history (a536c9f)
         return compacted([*visible, stored])
 
+    def _flush_chunks(self, now: float) -> None:
+        """Publish the text streamed since the last flush as one chunk."""
+        if self.streamed:
+            self.deps.events.publish(Chunk(thread_id=self.thread_id, text=self.streamed))
+            self.streamed = ""
+        self.flushed_at = now
+
     def _keep_lease(self, now: float) -> None:
         """Renew the lease once a third of its time-to-live has passed."""
         ttl_s = self.deps.settings.lease_ttl_s
@@ -310,8 +322,10 @@ class _Slice:
 
     def _on_chunk(self, text: str) -> None:
         deps = self.deps
-        deps.events.publish(Chunk(thread_id=self.thread_id, text=text))
+        self.streamed += text
         now = time.monotonic()
+        if now - self.flushed_at >= deps.settings.chunk_flush_s:
+            self._flush_chunks(now)
         self._keep_lease(now)
         if self.steering and now - self.steer_checked_at >= deps.settings.steer_check_s:
             self.steer_checked_at = now

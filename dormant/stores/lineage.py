@@ -15,7 +15,7 @@ from typing import Protocol
 from dormant.messages import Summary
 from dormant.stores.base import StoredItem, ThreadInfo
 
-__all__ = ["OwnItems", "visible_history"]
+__all__ = ["OwnItems", "next_seq", "visible_history"]
 
 
 class OwnItems(Protocol):
@@ -42,6 +42,13 @@ def visible_history(reader: OwnItems, thread: ThreadInfo) -> list[StoredItem]:
         current = reader.thread(current.parent_id)
     raw = [item for segment in reversed(segments) for item in segment]
     return compacted(raw)
+
+
+def next_seq(thread: ThreadInfo, visible: list[StoredItem]) -> int:
+    """The seq of the thread's next own item. Own items are those past ``fork_seq``, and
+    the newest of them is always visible (a summary never hides what comes after it)."""
+    fork = thread.fork_seq or 0
+    return max((s.seq for s in visible if s.seq > fork), default=fork) + 1
 
 
 def compacted(raw: list[StoredItem]) -> list[StoredItem]:

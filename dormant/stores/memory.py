@@ -41,7 +41,7 @@ from dormant.stores.base import (
     ThreadStatus,
     TimerRow,
 )
-from dormant.stores.lineage import visible_history
+from dormant.stores.lineage import next_seq, visible_history
 
 __all__ = ["MemoryStore"]
 
@@ -160,13 +160,12 @@ class MemoryStore:
         with self._lock:
             t = self._get(thread_id)
             info = self._info(t)
-            own = self.own_items(thread_id)
             inbox = sorted(
                 (r for r in self._pending.values() if r.thread_id == thread_id), key=lambda r: r.id
             )
-            next_seq = own[-1].seq + 1 if own else (info.fork_seq or 0) + 1
             items = visible_history(self, info)
-            return Snapshot(info, items, _CALLS.validate_json(t.calls), inbox, next_seq)
+            calls = _CALLS.validate_json(t.calls)
+            return Snapshot(info, items, calls, inbox, next_seq(info, items))
 
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
         with self._lock:

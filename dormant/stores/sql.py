@@ -51,7 +51,7 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
-from dormant.stores.lineage import visible_history
+from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.sql_rows import (
     IS_OPEN,
     IS_PENDING,
@@ -290,17 +290,17 @@ class SQLStore:
     def load(self, thread_id: str) -> Snapshot:
         with self._tx(snapshot=True) as conn:
             info = rows.get_thread(conn, thread_id)
-            own = rows.own_items(conn, thread_id)
+            items = visible_history(rows.ConnectionReader(conn), info)
             call_rows = conn.execute(select(calls).where(calls.c.thread_id == thread_id))
             pending = conn.execute(
                 select(inbox).where(inbox.c.thread_id == thread_id, IS_OPEN).order_by(inbox.c.id)
             ).mappings()
             return Snapshot(
                 thread=info,
-                items=visible_history(rows.ConnectionReader(conn), info),
+                items=items,
                 calls={r["call_id"]: call_record(r) for r in call_rows.mappings()},
                 inbox=[inbox_row(r) for r in pending],
-                next_seq=own[-1].seq + 1 if own else (info.fork_seq or 0) + 1,
+                next_seq=next_seq(info, items),
             )
 
     def history(self, thread_id: str) -> list[StoredItem]:
