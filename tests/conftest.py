@@ -9,33 +9,24 @@ dropped at the end. Without a server the PostgreSQL cases are skipped loudly, ex
 from __future__ import annotations
 
 import os
-import secrets
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import URL, Engine, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import make_url
 
 from dormant.stores.base import Store
 from dormant.stores.memory import MemoryStore
 from dormant.stores.sql import SQLStore, upgrade
 from dormant.stores.tables import metadata
+from tests.databases import temporary_database
 from tests.fake_providers import no_external_network  # noqa: F401  (autouse: no internet)
 
-POSTGRES_ADMIN_URL = os.environ.get(
-    "DORMANT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 BACKENDS = ["memory", "sqlite", "postgres"]
 
 StoreOpener = Callable[[], Store]
 """Opens another store on the same database (the memory backend has only one)."""
-
-
-def _admin_engine() -> Engine:
-    url = make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql+psycopg")
-    return create_engine(url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
 
 
 def _unavailable(reason: str) -> None:
@@ -44,38 +35,11 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"!!! PostgreSQL UNAVAILABLE, PostgreSQL store tests NOT RUN: {reason}")
 
 
-def _drop_database(admin: Engine, name: str) -> None:
-    with admin.connect() as conn:
-        conn.execute(
-            text(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                " WHERE datname = :name AND pid <> pg_backend_pid()"
-            ),
-            {"name": name},
-        )
-        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-
-
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A migrated, session-private PostgreSQL database (a plain ``postgresql://`` URL)."""
-    admin = _admin_engine()
-    try:
-        with admin.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except OperationalError as exc:
-        admin.dispose()
-        _unavailable(f"cannot connect to {POSTGRES_ADMIN_URL}: {exc}")
-    name = f"dormant_test_{secrets.token_hex(6)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url: URL = make_url(POSTGRES_ADMIN_URL).set(database=name)
-    try:
-        upgrade(url.render_as_string(hide_password=False))
-        yield url.render_as_string(hide_password=False)
-    finally:
-        _drop_database(admin, name)
-        admin.dispose()
+    with temporary_database("dormant_test", _unavailable) as url:
+        yield url
 
 
 def _truncate_postgres(url: str) -> None:

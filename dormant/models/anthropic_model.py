@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Generator
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -34,8 +33,8 @@ from dormant.errors import ModelError, ModelFatal, ModelRetryable
 from dormant.messages import ToolCall, Usage
 from dormant.models import anthropic_wire
 from dormant.models.base import ChunkSink, Completion, ModelRequest
-from dormant.models.lazy_client import LazyClient
 from dormant.models.provider_errors import status_error, truncated
+from dormant.models.sdk import SDKModel
 from dormant.models.wire import parse_arguments
 
 __all__ = ["AnthropicModel"]
@@ -54,7 +53,7 @@ _STATUS_OF_ERROR_TYPE = {
 """An ``event: error`` inside a 200 stream carries only a type; map it to its HTTP status."""
 
 
-class AnthropicModel:
+class AnthropicModel(SDKModel[anthropic.Anthropic, RawMessageStreamEvent]):
     """A Claude model; ``"anthropic:<model>"`` in an agent's model string.
 
     ``api_key`` and ``base_url`` default to the SDK's ``ANTHROPIC_API_KEY`` and
@@ -79,28 +78,12 @@ class AnthropicModel:
         self.default_max_tokens = default_max_tokens
         self.base_url = base_url
         self._api_key = api_key
-        self._sdk = LazyClient(self._new_client, client)
+        super().__init__(client)
 
-    def __repr__(self) -> str:
-        return f"AnthropicModel({self.model!r}, base_url={self.base_url!r})"
+    def _new_turn(self) -> _Turn:
+        return _Turn()
 
-    @property
-    def client(self) -> anthropic.Anthropic:
-        """The SDK client, made on first use so defining an agent needs no credentials."""
-        return self._sdk.get()
-
-    def close(self) -> None:
-        """Close the SDK client's connections; a later completion opens a new client."""
-        self._sdk.close()
-
-    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
-        turn = _Turn()
-        with closing(self._events(request)) as events:
-            for event in events:
-                turn.add(event, on_chunk)
-        return turn.completion()
-
-    def _events(self, request: ModelRequest) -> Generator[RawMessageStreamEvent, None, None]:
+    def _stream(self, request: ModelRequest) -> Generator[RawMessageStreamEvent, None, None]:
         """The stream's events, with every provider failure raised as a dormant error."""
         try:
             with self._open(request) as stream:

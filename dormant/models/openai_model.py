@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Generator
-from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar, cast
 
@@ -28,8 +27,8 @@ from dormant.errors import ModelError, ModelFatal, ModelRetryable
 from dormant.messages import ToolCall, Usage
 from dormant.models import openai_wire
 from dormant.models.base import ChunkSink, Completion, ModelRequest
-from dormant.models.lazy_client import LazyClient
 from dormant.models.provider_errors import status_error, truncated
+from dormant.models.sdk import SDKModel
 from dormant.models.wire import parse_arguments
 
 __all__ = ["OpenAIModel"]
@@ -42,7 +41,7 @@ _KEYLESS_SERVER_KEY = "not-needed"
 """Sent to a self-hosted server when no key is configured; the SDK refuses to run without one."""
 
 
-class OpenAIModel:
+class OpenAIModel(SDKModel[openai.OpenAI, ChatCompletionChunk]):
     """A Chat Completions model; ``"openai:<model>"`` in an agent's model string.
 
     ``api_key`` and ``base_url`` default to the SDK's ``OPENAI_API_KEY`` and
@@ -70,28 +69,12 @@ class OpenAIModel:
         self.parallel_tool_calls = parallel_tool_calls
         self.max_tokens_param = max_tokens_param
         self._api_key = api_key
-        self._sdk = LazyClient(self._new_client, client)
+        super().__init__(client)
 
-    def __repr__(self) -> str:
-        return f"OpenAIModel({self.model!r}, base_url={self.base_url!r})"
+    def _new_turn(self) -> _Turn:
+        return _Turn()
 
-    @property
-    def client(self) -> openai.OpenAI:
-        """The SDK client, made on first use so defining an agent needs no credentials."""
-        return self._sdk.get()
-
-    def close(self) -> None:
-        """Close the SDK client's connections; a later completion opens a new client."""
-        self._sdk.close()
-
-    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
-        turn = _Turn()
-        with closing(self._chunks(request)) as chunks:
-            for chunk in chunks:
-                turn.add(chunk, on_chunk)
-        return turn.completion()
-
-    def _chunks(self, request: ModelRequest) -> Generator[ChatCompletionChunk, None, None]:
+    def _stream(self, request: ModelRequest) -> Generator[ChatCompletionChunk, None, None]:
         """The stream's chunks, with every provider failure raised as a dormant error."""
         settings = request.settings
         tools = openai_wire.tools(request.tools)

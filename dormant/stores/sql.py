@@ -349,23 +349,20 @@ class SQLStore:
             return created
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None:
-        if not outbox_ids:
-            return
-        with self._tx(write=True) as conn:
-            conn.execute(
-                update(outbox)
-                .where(outbox.c.id.in_(outbox_ids), outbox.c.ran_at.is_(None))
-                .values(dispatched_at=_now())
-            )
+        self._stamp_unran(outbox_ids, "dispatched_at")
 
     def mark_ran(self, outbox_ids: list[int]) -> None:
+        self._stamp_unran(outbox_ids, "ran_at")
+
+    def _stamp_unran(self, outbox_ids: list[int], column: str) -> None:
+        """Set ``column`` to now on rows no worker has run yet (a ran row is final)."""
         if not outbox_ids:
             return
         with self._tx(write=True) as conn:
             conn.execute(
                 update(outbox)
                 .where(outbox.c.id.in_(outbox_ids), outbox.c.ran_at.is_(None))
-                .values(ran_at=_now())
+                .values({column: _now()})
             )
 
     # sweeper -------------------------------------------------------------------------

@@ -24,19 +24,13 @@ from typing import Any
 import pytest
 import redis
 from celery_agents import shared_key
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import Engine, make_url
-from sqlalchemy.exc import OperationalError
 
 from dormant.client import Client
 from dormant.settings import Settings
-from dormant.stores.sql import upgrade
+from tests.databases import temporary_database
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-POSTGRES_ADMIN_URL = os.environ.get(
-    "DORMANT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"
-)
 REDIS_URL = os.environ.get("DORMANT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FLUSH_REDIS_DB = int(os.environ.get("DORMANT_TEST_FLUSH_REDIS_DB", "7"))
 """A Redis database the flush test may FLUSHDB (only if it holds nothing but this run's keys)."""
@@ -54,39 +48,11 @@ def _unavailable(reason: str) -> None:
     pytest.skip(f"!!! CELERY TESTS NOT RUN: {reason}")
 
 
-def _admin_engine() -> Engine:
-    url = make_url(POSTGRES_ADMIN_URL).set(drivername="postgresql+psycopg")
-    return create_engine(url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 3})
-
-
 @pytest.fixture(scope="session")
 def celery_database_url() -> Iterator[str]:
     """A migrated PostgreSQL database private to this session."""
-    admin = _admin_engine()
-    try:
-        with admin.connect() as conn:
-            conn.execute(text("SELECT 1"))
-    except OperationalError as exc:
-        admin.dispose()
-        _unavailable(f"cannot connect to PostgreSQL at {POSTGRES_ADMIN_URL}: {exc}")
-    name = f"dormant_celery_{secrets.token_hex(6)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-    try:
-        upgrade(url)
+    with temporary_database("dormant_celery", _unavailable) as url:
         yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(
-                text(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
-                    " WHERE datname = :name AND pid <> pg_backend_pid()"
-                ),
-                {"name": name},
-            )
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
 
 
 @pytest.fixture(scope="session")
