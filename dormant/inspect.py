@@ -20,7 +20,8 @@ _STATUS_STYLE = {"idle": "green", "waiting": "yellow", "closed": "dim", "stalled
 def _label(store: Store, info: ThreadInfo) -> Text:
     snap = store.load(info.id)
     waiting = [c.name for c in pending(snap.calls)]
-    live = [c.name for c in snap.calls.values() if c.state is CallState.SUBSCRIBED]
+    own = (info.fork_seq or 0) if info.parent_id else -1  # inherited calls are the parent's
+    live = [c.name for c in snap.calls.values() if c.state is CallState.SUBSCRIBED and c.seq > own]
     depth = sum(r.state is InboxState.PENDING for r in snap.inbox)
     deferred = len(snap.inbox) - depth
     label = Text.assemble(

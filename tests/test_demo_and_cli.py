@@ -68,3 +68,17 @@ def test_the_public_names_are_exactly_these() -> None:
     for module in (dormant, dormant.models):
         for name in module.__all__:
             assert getattr(module, name) is not None
+
+
+def test_the_family_example_shows_two_children_and_an_event_thread(tmp_path: Path) -> None:
+    import runpy
+
+    db = tmp_path / "family.db"
+    example = runpy.run_path(str(Path(__file__).parent.parent / "examples" / "family.py"))
+    example["main"](str(db))
+    tree = runner.invoke(app, ["threads", "--database-url", f"sqlite:///{db}"])
+    assert tree.exit_code == 0, tree.output
+    assert tree.output.count("[child]") == 2 and tree.output.count("[event]") == 1
+    assert "subscribed to spawn_thread" not in tree.output  # inherited calls are the parent's
+    shown = runner.invoke(app, ["show", "thr_family", "--database-url", f"sqlite:///{db}"])
+    assert "no release impact" in shown.output
