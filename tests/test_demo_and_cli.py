@@ -81,4 +81,4 @@ def test_the_family_example_shows_two_children_and_an_event_thread(tmp_path: Pat
     assert tree.output.count("[child]") == 2 and tree.output.count("[event]") == 1
     assert "subscribed to spawn_thread" not in tree.output  # inherited calls are the parent's
     shown = runner.invoke(app, ["show", "thr_family", "--database-url", f"sqlite:///{db}"])
-    assert "no release impact" in shown.output
+    assert "Report from child thread" in shown.output and "INC-7" in shown.output
