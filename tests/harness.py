@@ -109,14 +109,15 @@ class Harness(BaseClient):
             raise AssertionError(f"crash point {point!r} was not reached")
         self.restart()
 
-    def sweep(self) -> None:
-        """What the sweeper does, at once (no grace period)."""
+    def sweep(self, *, lost: bool = False) -> None:
+        """What the sweeper does, at once (no grace period); with ``lost``, as if the
+        visibility timeout had passed, so dispatched rows no worker ran are sent again."""
         from datetime import UTC, datetime
 
         now = datetime.now(UTC)
         for row in self.store.fire_due_timers(now):
             self.wake(row.thread_id, row.priority)
-        for outbox in self.store.undispatched(now):
+        for outbox in self.store.undispatched(now, lost_before=now if lost else None):
             self.dispatch(outbox)
             self.store.mark_dispatched([outbox.id])
 

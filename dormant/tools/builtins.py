@@ -170,6 +170,9 @@ def _cancel_subscription(args: Any, ctx: BuiltinContext) -> Effect:
         return Answer(f"Error: {args.call_id!r} is not one of your subscriptions", is_error=True)
     if call.state is CallState.CANCELLED:
         return Answer(f"Error: subscription {args.call_id!r} is already cancelled", is_error=True)
+    if call.state is CallState.PENDING:
+        # Its first result has not arrived: cancelling now would leave the call unanswered.
+        return Answer(f"Error: subscription {args.call_id!r} has not started yet", is_error=True)
     return Answer(f"Subscription {args.call_id!r} cancelled.", cancel_call_id=call.call_id)
 
 
