@@ -21,6 +21,7 @@ test: lint types unit
 
 lint: $(VENV)/.synced
 	$(BIN)/ruff check dormant tests bench examples
+	$(BIN)/ruff format --check dormant tests bench examples
 
 types: $(VENV)/.synced
 	$(BIN)/mypy

@@ -1,8 +1,8 @@
 """A parent with two children and one threaded event, on SQLite; then inspect it.
 
-    python examples/family.py /tmp/family.db
-    dormant threads --database-url sqlite:////tmp/family.db
-    dormant show thr_family --database-url sqlite:////tmp/family.db
+python examples/family.py /tmp/family.db
+dormant threads --database-url sqlite:////tmp/family.db
+dormant show thr_family --database-url sqlite:////tmp/family.db
 """
 
 from __future__ import annotations
