@@ -38,7 +38,6 @@ __all__ = [
     "InboxTable",
     "ItemTable",
     "OutboxTable",
-    "SummaryTable",
     "ThreadTable",
     "TimerTable",
     "UTCDateTime",
@@ -238,17 +237,3 @@ class TimerTable(_Table, table=True):
     message_id: str = Field(sa_type=String)
     message: dict[str, Any] = Field(sa_type=JSON)
     fired_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
-
-
-class SummaryTable(_Table, table=True):
-    """A compaction summary standing for a thread's items up to ``upto_seq``."""
-
-    __tablename__ = "summaries"
-    __table_args__ = (
-        PrimaryKeyConstraint("thread_id", "upto_seq"),
-        ForeignKeyConstraint(["thread_id"], ["threads.id"]),
-    )
-
-    thread_id: str = Field(sa_type=String)
-    upto_seq: int = Field(sa_type=Integer)
-    text: str = Field(sa_type=Text)

@@ -1,4 +1,7 @@
-"""The initial schema: threads, items, calls, inbox, outbox, timers, summaries.
+"""The initial schema: threads, items, calls, inbox, outbox, timers.
+
+Compaction summaries are items (kind ``summary``) at their own position, so they need
+no table of their own.
 
 Revision ID: 0001
 Revises:
@@ -138,18 +141,9 @@ def upgrade() -> None:
     )
     _partial("ix_timers_unfired", "timers", ["due_at"], "fired_at IS NULL")
 
-    op.create_table(
-        "summaries",
-        sa.Column("thread_id", sa.String(), nullable=False),
-        sa.Column("upto_seq", sa.Integer(), nullable=False),
-        sa.Column("text", sa.Text(), nullable=False),
-        sa.PrimaryKeyConstraint("thread_id", "upto_seq", name="pk_summaries"),
-        _thread_fk("summaries"),
-    )
-
 
 def downgrade() -> None:
-    for table in ("summaries", "timers", "outbox", "inbox", "calls", "items"):
+    for table in ("timers", "outbox", "inbox", "calls", "items"):
         op.drop_table(table)
     op.drop_index("ix_threads_created_at_id", table_name="threads")
     op.drop_index("ix_threads_parent_id", table_name="threads")
