@@ -279,15 +279,26 @@ class Client(BaseClient):
         self._on_close = on_close
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Client:
-        """A client configured by ``DORMANT_*`` variables (``overrides`` win)."""
-        return cls.from_settings(Settings.from_env(env, **overrides))
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        agents: AgentRegistry | None = None,
+        **overrides: Any,
+    ) -> Client:
+        """A client configured by ``DORMANT_*`` variables (``overrides`` win).
+
+        ``agents`` is optional: with it, ``launch`` checks agent names and ``send`` honours
+        ``steering="reject"`` at once; without it, the process needs none of the agents' code.
+        """
+        return cls.from_settings(Settings.from_env(env, **overrides), agents=agents)
 
     @classmethod
-    def from_settings(cls, settings: Settings) -> Client:
+    def from_settings(cls, settings: Settings, *, agents: AgentRegistry | None = None) -> Client:
         from dormant.stores.redis import (
             RedisDedup,
             RedisEvents,
+            RedisLease,
             RedisWakeMarks,
             redis_client,
             wake_mark_ttl_s,
@@ -304,14 +315,18 @@ class Client(BaseClient):
             store.close()
             redis.close()
 
-        return cls(
+        client = cls(
             store,
             RedisDedup(redis, settings.key_prefix, settings.dedup_ttl_s),
             settings,
             waker=dispatcher.wake,
             events=RedisEvents(redis, settings.key_prefix, ttl_s=settings.dedup_ttl_s),
+            agents=agents,
             on_close=close,
         )
+        if agents is not None:
+            client.lease = RedisLease(redis, settings.key_prefix)
+        return client
 
     def wake(self, thread_id: str, priority: int) -> None:
         self._waker(thread_id, priority)

@@ -90,3 +90,28 @@ def test_a_forged_callback_is_refused(client: Client) -> None:
     with pytest.raises(InvalidToken):
         client.deliver_callback("https://example.com/not/a/callback", "green")
     assert _stored(client, thread_id) == before
+
+
+def test_a_client_that_knows_the_agents_refuses_text_for_a_busy_reject_thread(
+    deploy: Callable[..., Deployment],
+) -> None:
+    from dormant import Agent
+    from dormant.agents import AgentRegistry
+    from dormant.errors import ThreadBusy
+    from dormant.models import ScriptedModel, reply
+    from dormant.stores.redis import RedisLease
+
+    d = deploy()
+    strict = Agent("strict", model=ScriptedModel(lambda items: reply("ok")), steering="reject")
+    client = Client.from_env(d.env, agents=AgentRegistry([strict]))
+    d.clients.append(client)
+    thread_id = client.launch("strict", "first")
+    lease = RedisLease(d.redis, d.settings.key_prefix)
+    token = lease.acquire(thread_id, 30)  # a slice of the thread is running
+    assert token is not None
+    before = _stored(client, thread_id)
+    with pytest.raises(ThreadBusy, match=thread_id):
+        client.send(thread_id, "are you done?")
+    assert _stored(client, thread_id) == before
+    lease.release(thread_id, token)
+    client.send(thread_id, "now?")  # accepted once the slice ends
