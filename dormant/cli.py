@@ -14,6 +14,7 @@ from dormant.errors import DormantError
 from dormant.settings import Settings
 
 if TYPE_CHECKING:
+    from dormant.client import Client
     from dormant.stores.base import ThreadStatus
     from dormant.stores.sql import SQLStore
 
@@ -115,6 +116,68 @@ def retry(thread_id: str, database_url: str | None = DatabaseOption) -> None:
     Console().print(f"thread {thread_id} is {status.value} again; the sweeper re-drives it")
 
 
+@app.command()
+@_reported
+def launch(
+    agent: str,
+    text: str,
+    thread_id: str | None = typer.Option(None, "--thread-id", help="Choose the thread id."),
+) -> None:
+    """Start a thread of AGENT with user TEXT (distributed: needs DORMANT_* URLs)."""
+    with _client() as client:
+        typer.echo(client.launch(agent, text, thread_id=thread_id))
+
+
+@app.command()
+@_reported
+def send(
+    thread_id: str,
+    text: str,
+    message_id: str | None = typer.Option(None, "--message-id", help="Idempotency key."),
+) -> None:
+    """Queue user TEXT for a thread; prints the message id."""
+    with _client() as client:
+        typer.echo(client.send(thread_id, text, message_id=message_id))
+
+
+@app.command()
+@_reported
+def deliver(
+    thread_id: str,
+    call_id: str,
+    result: str,
+    message_id: str | None = typer.Option(None, "--message-id", help="Idempotency key."),
+    error: bool = typer.Option(False, "--error", help="The result is an error."),
+) -> None:
+    """Deliver RESULT for a call, as a trusted operator (no callback token)."""
+    with _client() as client:
+        typer.echo(
+            client.deliver(thread_id, call_id, result, message_id=message_id, is_error=error)
+        )
+
+
+@app.command()
+@_reported
+def callbacks(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8765, help="Port to listen on."),
+) -> None:
+    """Serve callback URLs (development server; mount dormant.callbacks in production)."""
+    from wsgiref.simple_server import make_server
+
+    from dormant.callbacks import callback_app
+
+    with _client() as client, make_server(host, port, callback_app(client)) as server:
+        Console().print(f"receiving callbacks on http://{host}:{server.server_port}/")
+        server.serve_forever()
+
+
+def _client() -> Client:
+    from dormant.client import Client
+
+    return Client.from_env()
+
+
 def _store(database_url: str | None) -> SQLStore:
     from dormant.stores.sql import SQLStore
 
@@ -136,3 +199,7 @@ def _redact(url: str) -> str:
         return url
     scheme, _, credentials = head.partition("://")
     return f"{scheme}://{credentials.split(':')[0]}:***@{tail}"
+
+
+if __name__ == "__main__":
+    app()

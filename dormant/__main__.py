@@ -1,0 +1,5 @@
+"""``python -m dormant``: the command line."""
+
+from dormant.cli import app
+
+app()

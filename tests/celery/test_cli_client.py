@@ -1,0 +1,83 @@
+"""The operator commands against a real deployment: launch, send, deliver, callbacks."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+
+import httpx
+from conftest import Deployment, wait_until
+from typer.testing import CliRunner
+
+from dormant.cli import app
+from dormant.messages import UserText
+from dormant.stores.base import CallRecord, CallState, Commit
+
+runner = CliRunner()
+
+
+def test_launch_send_and_deliver_from_the_command_line(deploy: Callable[..., Deployment]) -> None:
+    d = deploy()
+    worker = d.start_worker("w1", concurrency=2)
+    d.wait_ready(worker)
+    launched = runner.invoke(app, ["launch", "calc", "add 2 and 3"], env=d.env)
+    assert launched.exit_code == 0, launched.output
+    thread_id = launched.output.strip()
+    client = d.client()
+    sent = runner.invoke(app, ["send", thread_id, "and again", "--message-id", "m-2"], env=d.env)
+    assert sent.exit_code == 0 and sent.output.strip() == "m-2"
+    again = runner.invoke(app, ["send", thread_id, "and again", "--message-id", "m-2"], env=d.env)
+    assert again.exit_code == 1 and "already received" in again.output
+    wait_until(
+        lambda: (
+            [i.text for i in client.history(thread_id) if isinstance(i, UserText)]
+            == ["add 2 and 3", "and again"]
+        ),
+        30,
+        "both messages to be applied",
+        check=d.check_alive,
+    )
+    unknown = runner.invoke(app, ["deliver", thread_id, "call_nope", "42"], env=d.env)
+    assert unknown.exit_code == 1 and "never made call 'call_nope'" in unknown.output
+
+
+def test_the_callback_server_receives_a_signed_callback(deploy: Callable[..., Deployment]) -> None:
+    d = deploy()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, **d.env}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dormant.cli", "callbacks", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        client = d.client()
+        thread_id = client.launch("calc", "hello")
+        snap = client.store.load(thread_id)  # a call to call back for, recorded by hand
+        record = CallRecord("call_x", "add", {"a": 1, "b": 2}, 1, CallState.PENDING)
+        commit = Commit(thread_id, snap.thread.version, snap.thread.status, 0, calls=[record])
+        assert client.store.commit(commit) is not None
+        path = client.callback_url(thread_id, "call_x").split("/", 3)[3]
+
+        def listening() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/").status_code == 405
+            except httpx.ConnectError:
+                return False
+
+        wait_until(listening, 20, "the callback server to listen")
+        answer = httpx.post(f"http://127.0.0.1:{port}/{path}", json={"result": "3"})
+        assert answer.status_code == 202, answer.text
+        forged = httpx.post(f"http://127.0.0.1:{port}/{path[:-3]}xyz", json={"result": "4"})
+        assert forged.status_code == 403
+        contents = [getattr(r.message, "content", None) for r in client.store.inbox(thread_id)]
+        assert contents.count("3") == 1 and "4" not in contents
+    finally:
+        server.kill()
+        server.wait()
