@@ -124,3 +124,18 @@ def test_a_model_calling_a_tool_its_agent_lacks_gets_errors_and_the_system_stays
         system.run_until_idle()
         result = next(i for i in system.history(thread_id) if isinstance(i, ToolResult))
         assert result.is_error and "does not exist" in result.content
+
+
+def test_many_threads_with_tools_run_concurrently_on_a_sqlite_file(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/busy.db"
+    callbacks.clear()
+    with LocalSystem([AGENT], url, workers=4) as system:
+        ids = [system.launch("worker", f"job-{n}") for n in range(30)]
+        system.run_until_idle(timeout_s=60)
+        assert all(system.thread(t).status is ThreadStatus.WAITING for t in ids)
+        for name, callback in list(callbacks.items()):
+            system.deliver_callback(callback, f"{name} finished")
+        system.run_until_idle(timeout_s=60)
+        assert sorted(final_text(system, t) for t in ids) == sorted(
+            f"done: job-{n} finished" for n in range(30)
+        )
