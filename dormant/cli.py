@@ -26,8 +26,6 @@ app = typer.Typer(
     add_completion=False,
 )
 db = typer.Typer(help="Database schema commands.", no_args_is_help=True)
-app.command()(worker)
-app.command()(beat)
 app.add_typer(db, name="db")
 
 F = TypeVar("F", bound=Callable[..., None])
@@ -199,6 +197,10 @@ def _redact(url: str) -> str:
         return url
     scheme, _, credentials = head.partition("://")
     return f"{scheme}://{credentials.split(':')[0]}:***@{tail}"
+
+
+app.command()(worker)
+app.command()(beat)
 
 
 if __name__ == "__main__":
