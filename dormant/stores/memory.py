@@ -79,7 +79,8 @@ class MemoryStore:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._threads: dict[str, _Thread] = {}
-        self._pending: dict[int, InboxRow] = {}
+        self._open: dict[str, dict[int, InboxRow]] = {}
+        """Pending and deferred inbox rows by thread, in id order (ids only grow)."""
         self._outbox: dict[int, OutboxRow] = {}
         self._timers: dict[int, TimerRow] = {}
         self._timer_heap: list[tuple[datetime, int]] = []
@@ -160,9 +161,7 @@ class MemoryStore:
         with self._lock:
             t = self._get(thread_id)
             info = self._info(t)
-            inbox = sorted(
-                (r for r in self._pending.values() if r.thread_id == thread_id), key=lambda r: r.id
-            )
+            inbox = list(self._open.get(thread_id, {}).values())
             items = visible_history(self, info)
             calls = _CALLS.validate_json(t.calls)
             return Snapshot(info, items, calls, inbox, next_seq(info, items))
@@ -195,14 +194,16 @@ class MemoryStore:
                 calls = _CALLS.validate_json(t.calls)
                 calls.update({c.call_id: c for c in commit.calls})
                 t.calls = _CALLS.dump_json(calls)
+            open_rows = self._open.get(commit.thread_id, {})
             for row_id in commit.done:
-                self._finish(t, row_id, InboxState.DONE, "")
+                self._finish(t, open_rows, row_id, InboxState.DONE, "")
             for row_id, reason in commit.rejected:
-                self._finish(t, row_id, InboxState.REJECTED, reason)
+                self._finish(t, open_rows, row_id, InboxState.REJECTED, reason)
             for row_id in commit.deferred:
-                held = self._pending.get(row_id)
-                if held is not None and held.thread_id == commit.thread_id:
-                    self._pending[row_id] = replace(held, state=InboxState.DEFERRED)
+                if row_id in open_rows:
+                    open_rows[row_id] = replace(open_rows[row_id], state=InboxState.DEFERRED)
+            if not open_rows:
+                self._open.pop(commit.thread_id, None)
             now = _now()
             created = []
             for call_id, action in commit.outbox:
@@ -262,11 +263,10 @@ class MemoryStore:
     ) -> bool:
         with self._lock:
             return any(
-                r.thread_id == thread_id
-                and r.id > inbox_id
+                r.id > inbox_id
                 and r.state is InboxState.PENDING
                 and (not user_text_only or r.message.kind == "user")
-                for r in self._pending.values()
+                for r in self._open.get(thread_id, {}).values()
             )
 
     # queries --------------------------------------------------------------------------
@@ -286,7 +286,7 @@ class MemoryStore:
         with self._lock:
             t = self._get(thread_id)
             rows = [_ROW.validate_json(line) for line in t.done.splitlines()]
-            rows += [r for r in self._pending.values() if r.thread_id == thread_id]
+            rows += self._open.get(thread_id, {}).values()
         rows.sort(key=lambda r: r.id)
         return [r for r in rows if state is None or r.state is state]
 
@@ -323,15 +323,16 @@ class MemoryStore:
 
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         with self._lock:
-            wake: list[str] = []
-            for row in sorted(self._pending.values(), key=lambda r: r.id):
-                if row.thread_id in wake or row.state is not InboxState.PENDING:
+            waiting: list[tuple[int, str]] = []  # (oldest pending row id, thread id)
+            for thread_id, rows in self._open.items():
+                oldest = next((r.id for r in rows.values() if r.state is InboxState.PENDING), None)
+                if oldest is None:
                     continue
-                info = self._info(self._threads[row.thread_id])
+                info = self._info(self._threads[thread_id])
                 backing_off = now is not None and info.retry_at is not None and info.retry_at > now
                 if info.status is not ThreadStatus.STALLED and not backing_off:
-                    wake.append(row.thread_id)
-            return wake[:limit]
+                    waiting.append((oldest, thread_id))
+            return [thread_id for _, thread_id in sorted(waiting)[:limit]]
 
     def next_timer_due(self) -> datetime | None:
         with self._lock:
@@ -375,13 +376,15 @@ class MemoryStore:
             next(self._ids), thread_id, message_id, message, priority, InboxState.PENDING, _now()
         )
         t.remember(message_id)
-        self._pending[row.id] = row
+        self._open.setdefault(thread_id, {})[row.id] = row
         return row
 
-    def _finish(self, t: _Thread, row_id: int, state: InboxState, reason: str) -> None:
-        row = self._pending.get(row_id)
-        if row is not None and self._threads.get(row.thread_id) is t:
-            del self._pending[row_id]
+    @staticmethod
+    def _finish(
+        t: _Thread, open_rows: dict[int, InboxRow], row_id: int, state: InboxState, reason: str
+    ) -> None:
+        row = open_rows.pop(row_id, None)
+        if row is not None:
             t.done += _ROW.dump_json(replace(row, state=state, reason=reason)) + b"\n"
 
     def _add_timer(self, thread_id: str, timer: NewTimer) -> None:
