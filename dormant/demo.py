@@ -22,6 +22,7 @@ from dormant.local import LocalSystem
 from dormant.messages import Chunk, Event, EventShown, Item, StatusChanged, ToolResult, UserText
 from dormant.models.base import Completion
 from dormant.models.scripted import ScriptedModel, call, reply
+from dormant.timeline import render_event
 from dormant.tools.base import ToolContext, tool
 
 __all__ = ["run_demo"]
@@ -159,8 +160,6 @@ def stored_bytes(system: LocalSystem, thread_id: str) -> int:
 
 
 def _show_live(system: LocalSystem, console: Console, root: list[str]) -> None:
-    from dormant.timeline import render_event
-
     def listener(event: Event) -> None:
         if isinstance(event, Chunk | StatusChanged):
             return

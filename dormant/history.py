@@ -159,7 +159,7 @@ class _Rules:
                 )
             case CallState.INTERRUPTED if call.passive:
                 # A sleep's timer racing its interruption carries no news: nothing to show.
-                self._skip(row, f"late wake-up for interrupted call {call.call_id!r}")
+                self._skip(row)
             case CallState.INTERRUPTED:
                 # Never drop a real result: show it as a late event on that call.
                 self._event(row, call.call_id, f"late result: {result.content}", final=False)
@@ -168,7 +168,7 @@ class _Rules:
             case CallState.CANCELLED:
                 self._reject(row, f"subscription {call.call_id!r} is no longer active")
             case CallState.ANSWERED:
-                self._skip(row, f"duplicate: call {call.call_id!r} was already answered")
+                self._skip(row)  # a duplicate: the call was already answered
 
     def _event(
         self, row: InboxRow, call_id: str, content: str, *, final: bool, threaded: bool = False
@@ -241,7 +241,8 @@ class _Rules:
         self.out.done.append(row.id)
         self.out.woke = True
 
-    def _skip(self, row: InboxRow, _reason: str) -> None:
+    def _skip(self, row: InboxRow) -> None:
+        """Done with ``row``: it changes nothing (a duplicate, a stale wake-up)."""
         self.out.done.append(row.id)
 
     def _reject(self, row: InboxRow, reason: str) -> None:

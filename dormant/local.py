@@ -20,7 +20,7 @@ from dormant.client import BaseClient
 from dormant.errors import DormantError
 from dormant.messages import Chunk, Event
 from dormant.settings import Settings
-from dormant.slice import SliceDeps, SliceOutcome, run_slice
+from dormant.slice import SliceDeps, run_slice
 from dormant.stores.base import OutboxRow, Store
 from dormant.stores.memory import MemoryStore
 from dormant.stores.memory_sync import MemoryDedup, MemoryLease
@@ -170,10 +170,6 @@ class LocalSystem(BaseClient):
                         return
             if time.monotonic() > deadline:
                 raise TimeoutError(f"still busy after {timeout_s} s")
-
-    def run_slice(self, thread_id: str) -> SliceOutcome:
-        """Run one slice now, on this thread (tests and debugging)."""
-        return run_slice(thread_id, self.deps)
 
     def _run_slice(self, thread_id: str) -> None:
         with self._lock:

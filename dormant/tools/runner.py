@@ -70,8 +70,7 @@ def _run(
         )
         return
     if row.action == "cancel":
-        if tool.on_cancel is not None:
-            _guarded(lambda: tool.on_cancel(ctx) if tool.on_cancel else None, row)
+        _cancel(tool.on_cancel, ctx)
         return
     if call.state is not CallState.PENDING:
         return  # answered meanwhile: a re-dispatch must not run the tool twice
@@ -94,8 +93,11 @@ def _run(
         sink.tool_result(row.thread_id, row.call_id, as_text(value))
 
 
-def _guarded(hook: Callable[[], object], row: OutboxRow) -> None:
+def _cancel(hook: Callable[[ToolContext], None] | None, ctx: ToolContext) -> None:
+    """Run a subscription's cancel hook; its failure is logged (the call is cancelled anyway)."""
+    if hook is None:
+        return
     try:
-        hook()
+        hook(ctx)
     except Exception:
-        log.exception("cancel hook failed for call %s of thread %s", row.call_id, row.thread_id)
+        log.exception("cancel hook failed for call %s of thread %s", ctx.call_id, ctx.thread_id)
