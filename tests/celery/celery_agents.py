@@ -23,12 +23,16 @@ from dormant.messages import Item, ToolResult, UserText
 from dormant.models import Completion, ModelRequest, ScriptedModel, call, reply
 from dormant.models.base import ChunkSink
 
-__all__ = ["AGENTS", "shared_key"]
+__all__ = ["AGENTS", "PidRecorded", "shared_key", "worker_redis"]
 
 
 @cache
-def _redis() -> redis.Redis:
+def worker_redis() -> redis.Redis:
+    """The test run's Redis, as seen from inside a worker process."""
     return redis.Redis.from_url(os.environ["DORMANT_TEST_REDIS_URL"], decode_responses=True)
+
+
+_redis = worker_redis
 
 
 def shared_key(prefix: str, *parts: str) -> str:
@@ -38,6 +42,24 @@ def shared_key(prefix: str, *parts: str) -> str:
 
 def _key(*parts: str) -> str:
     return shared_key(os.environ["DORMANT_KEY_PREFIX"], *parts)
+
+
+@dataclass
+class PidRecorded:
+    """A scripted model that appends ``"<thread_id> <pid>"`` to the Redis list ``key`` on
+    every completion, so tests see which worker process ran which thread."""
+
+    inner: ScriptedModel
+    key: str
+    name: str = "pid-recorded"
+    context_window: int = 128_000
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        completion = self.inner.complete(request, on_chunk)
+        self.inner.requests.clear()  # keep a long-lived worker's memory flat
+        prefix = os.environ["DORMANT_KEY_PREFIX"]
+        worker_redis().rpush(shared_key(prefix, self.key), f"{request.thread_id} {os.getpid()}")
+        return completion
 
 
 @dataclass

@@ -13,33 +13,27 @@ import os
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cache
 
-import redis
 from celery.signals import task_postrun, task_prerun, worker_ready
-from celery_agents import shared_key
+from celery_agents import PidRecorded, shared_key, worker_redis
 
 from dormant import Agent, ToolContext, tool
 from dormant.messages import Item, UserText
-from dormant.models import Completion, ModelRequest, ScriptedModel, call, reply
-from dormant.models.base import ChunkSink
+from dormant.models import Completion, ScriptedModel, call, reply
 
 __all__ = ["AGENTS", "busy_key", "completions_key", "plan", "slice_tasks_key", "tool_runs_key"]
-
-
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["DORMANT_TEST_REDIS_URL"], decode_responses=True)
 
 
 def _prefix() -> str:
     return os.environ["DORMANT_KEY_PREFIX"]
 
 
+_COMPLETIONS = "chaos:completions"
+
+
 def completions_key(prefix: str) -> str:
     """A Redis list of ``"<thread_id> <pid>"``, one per model completion."""
-    return shared_key(prefix, "chaos", "completions")
+    return shared_key(prefix, _COMPLETIONS)
 
 
 def slice_tasks_key(prefix: str) -> str:
@@ -55,7 +49,7 @@ def tool_runs_key(prefix: str) -> str:
 def _work(ctx: ToolContext) -> None:
     """Count the run (a call run twice means a kill or a redelivery hit it), then take a
     while, so kills land mid-tool."""
-    _redis().hincrby(tool_runs_key(_prefix()), ctx.call_id, 1)
+    worker_redis().hincrby(tool_runs_key(_prefix()), ctx.call_id, 1)
     time.sleep(random.uniform(0.02, 0.08))
 
 
@@ -91,22 +85,7 @@ def _script(history: Sequence[Item]) -> Completion:
     return reply(f"after {last.kind}")
 
 
-@dataclass
-class _Counted:
-    """The scripted model, each completion recorded with the worker's pid."""
-
-    inner: ScriptedModel
-    name: str = "chaos"
-    context_window: int = 128_000
-
-    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
-        completion = self.inner.complete(request, on_chunk)
-        self.inner.requests.clear()  # keep a long-lived worker's memory flat
-        _redis().rpush(completions_key(_prefix()), f"{request.thread_id} {os.getpid()}")
-        return completion
-
-
-chaos = Agent("chaos", model=_Counted(ScriptedModel(_script)), tools=[add, mul])
+chaos = Agent("chaos", model=PidRecorded(ScriptedModel(_script), _COMPLETIONS), tools=[add, mul])
 
 AGENTS = [chaos]
 
@@ -124,7 +103,7 @@ _WORK_TASKS = frozenset({"dormant.slice", "dormant.tool"})
 def _started(sender: object = None, **_: object) -> None:
     name = getattr(sender, "name", None)
     if name in _WORK_TASKS:
-        with _redis().pipeline(transaction=False) as pipe:
+        with worker_redis().pipeline(transaction=False) as pipe:
             pipe.incr(busy_key(_prefix(), os.environ["TEST_WORKER_ID"]))
             if name == "dormant.slice":
                 pipe.incr(slice_tasks_key(_prefix()))
@@ -134,11 +113,11 @@ def _started(sender: object = None, **_: object) -> None:
 @task_postrun.connect  # type: ignore[untyped-decorator]
 def _ended(sender: object = None, **_: object) -> None:
     if getattr(sender, "name", None) in _WORK_TASKS:
-        _redis().decr(busy_key(_prefix(), os.environ["TEST_WORKER_ID"]))
+        worker_redis().decr(busy_key(_prefix(), os.environ["TEST_WORKER_ID"]))
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]
 def _announce(**_: object) -> None:
     """What ``Deployment.wait_ready`` waits for (``celery_agents`` announces the same way)."""
     key = shared_key(_prefix(), "ready", os.environ["TEST_WORKER_ID"])
-    _redis().set(key, os.getpid())
+    worker_redis().set(key, os.getpid())

@@ -12,17 +12,13 @@ import os
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from functools import cache
 
-import redis
 from celery.signals import worker_ready
-from celery_agents import shared_key
+from celery_agents import PidRecorded, shared_key, worker_redis
 
 from dormant import Agent
 from dormant.messages import EventShown, Item, ToolResult, UserText
-from dormant.models import Completion, ModelRequest, ScriptedModel, call, reply
-from dormant.models.base import ChunkSink
+from dormant.models import Completion, ScriptedModel, call, reply
 
 __all__ = ["AGENTS", "CHILD_DELAY_S", "FANOUT", "completions_key"]
 
@@ -32,14 +28,12 @@ CHILD_DELAY_S = 0.05
 _SEED = re.compile(r"^You are now inside child thread \S+, spawned by thread \S+\. Your task: (.+)")
 
 
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(os.environ["DORMANT_TEST_REDIS_URL"], decode_responses=True)
+_COMPLETIONS = "fanout:completions"
 
 
 def completions_key(prefix: str) -> str:
     """A Redis list of ``"<thread_id> <pid>"``, one per completion."""
-    return shared_key(prefix, "fanout", "completions")
+    return shared_key(prefix, _COMPLETIONS)
 
 
 def _fanout(history: Sequence[Item]) -> Completion:
@@ -64,20 +58,7 @@ def _fanout(history: Sequence[Item]) -> Completion:
     raise AssertionError(f"the fan-out script has no answer to {last!r}")
 
 
-@dataclass
-class _Recorded:
-    inner: ScriptedModel
-    name: str = "fanout"
-    context_window: int = 128_000
-
-    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
-        completion = self.inner.complete(request, on_chunk)
-        key = completions_key(os.environ["DORMANT_KEY_PREFIX"])
-        _redis().rpush(key, f"{request.thread_id} {os.getpid()}")
-        return completion
-
-
-fanout = Agent("fanout", model=_Recorded(ScriptedModel(_fanout)))
+fanout = Agent("fanout", model=PidRecorded(ScriptedModel(_fanout), _COMPLETIONS))
 
 AGENTS = [fanout]
 
@@ -86,4 +67,4 @@ AGENTS = [fanout]
 def _announce(**_: object) -> None:
     """What ``Deployment.wait_ready`` waits for (``celery_agents`` announces the same way)."""
     key = shared_key(os.environ["DORMANT_KEY_PREFIX"], "ready", os.environ["TEST_WORKER_ID"])
-    _redis().set(key, os.getpid())
+    worker_redis().set(key, os.getpid())
