@@ -16,6 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dormant import Agent, ToolContext, tool
+from dormant.check import check_store
 from dormant.errors import CrashPoint, MessageRejected, NotFound
 from dormant.messages import AssistantTurn, EventShown, Item, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
@@ -141,6 +142,7 @@ def check(h: Harness, root: str, sent: list[str]) -> None:
         assert len({e.call_id for e in events}) == len(events)
         assert h.store.inbox(thread.id, InboxState.PENDING) == []
         assert h.store.inbox(thread.id, InboxState.DEFERRED) == []
+    assert check_store(h.store) == []
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
