@@ -4,9 +4,9 @@ from django.db import transaction
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
+from proj.celery import app
 
 import dormant.contrib.django
-from proj.celery import app
 from shop.models import Order
 from shop.tasks import mark_received
 
