@@ -71,3 +71,28 @@ def test_an_agent_and_the_projects_own_task_both_run_on_that_worker(
     key = f"{deployment.prefix}:test:proj"
     wait_until(lambda: deployment.redis.lrange(key, 0, -1) == ["ran"], 60, "proj.record to run")
     app.close()
+
+
+@pytest.mark.parametrize(
+    ("include", "exclude", "consumed"),
+    [
+        ((), (), QUEUES),
+        (("proj",), (), {"proj"}),
+        ((), ("dormant.tools",), QUEUES - {"dormant.tools"}),
+    ],
+)
+def test_the_worker_options_still_choose_among_the_installed_queues(
+    include: tuple[str, ...], exclude: tuple[str, ...], consumed: set[str]
+) -> None:
+    """What ``WorkController.setup_queues`` does with ``-Q`` and ``-X``, on an installed app."""
+    from celery_agents import AGENTS
+
+    from dormant.settings import Settings
+    from dormant.worker import install
+
+    app = Celery("proj", set_as_current=False)
+    app.conf.update(broker_url="redis://127.0.0.1:6379/9", task_default_queue="proj")
+    install(app, AGENTS, settings=Settings())
+    app.amqp.queues.select(list(include))
+    app.amqp.queues.deselect(list(exclude))
+    assert set(app.amqp.queues.consume_from) == consumed
