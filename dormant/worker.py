@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery
+from celery.signals import celeryd_init
 from celery.utils.imports import cwd_in_path
 from kombu.entity import Exchange, Queue
 
@@ -190,10 +191,17 @@ def install(
     def add_routing(**_: Any) -> None:
         _add_routing(celery_app, resolve())
 
+    def before_worker(instance: Any = None, **_: Any) -> None:
+        # Sent just before the worker applies -Q/-X: the queue table is certainly built from
+        # the final configuration by now (it may not be when configuration first loads).
+        if getattr(instance, "app", None) is celery_app:
+            _consume_ours(celery_app)
+
     if celery_app.configured:
         add_routing()
     else:
         celery_app.on_after_configure.connect(add_routing, weak=False)
+    celeryd_init.connect(before_worker, weak=False)
 
 
 def _settings_resolver(settings: SettingsSource) -> Callable[[], Settings]:
@@ -212,12 +220,7 @@ def _add_routing(celery_app: Celery, settings: Settings) -> None:
     elif isinstance(existing, dict | str):
         existing = (existing,)
     conf.task_routes = (ours, *existing)
-    queues = celery_app.amqp.queues  # built from the app's own settings, default queue included
-    for queue in _dormant_queues():
-        if queue.name not in queues:
-            # select_add, not add: a worker without -Q consumes the queues present when
-            # the table was built (plus these); add would leave them routed but unread.
-            queues.select_add(queue)
+    _consume_ours(celery_app)
     conf.beat_schedule = {
         **(conf.beat_schedule or {}),
         SWEEP_TASK: {
@@ -230,6 +233,15 @@ def _add_routing(celery_app: Celery, settings: Settings) -> None:
             },
         },
     }
+
+
+def _consume_ours(celery_app: Celery) -> None:
+    queues = celery_app.amqp.queues  # built from the app's own settings, default queue included
+    for queue in _dormant_queues():
+        if queue.name not in queues or queue.name not in queues.consume_from:
+            # select_add, not add: a worker without -Q consumes the queues present when
+            # the table was built (plus these); add would leave them routed but unread.
+            queues.select_add(queue)
 
 
 _ROUTES = {SLICE_TASK: QUEUE_BACKGROUND, TOOL_TASK: QUEUE_TOOLS, SWEEP_TASK: QUEUE_BACKGROUND}

@@ -7,6 +7,7 @@ what a real worker process says it listens on, not the app's configuration.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import SimpleNamespace
 
 import pytest
 from celery import Celery
@@ -84,7 +85,9 @@ def test_an_agent_and_the_projects_own_task_both_run_on_that_worker(
 def test_the_worker_options_still_choose_among_the_installed_queues(
     include: tuple[str, ...], exclude: tuple[str, ...], consumed: set[str]
 ) -> None:
-    """What ``WorkController.setup_queues`` does with ``-Q`` and ``-X``, on an installed app."""
+    """What a worker does at start (``celeryd_init``, then ``setup_queues`` with ``-Q`` and
+    ``-X``), on an installed app whose queue table was built as its configuration loaded."""
+    from celery.signals import celeryd_init
     from celery_agents import AGENTS
 
     from dormant.settings import Settings
@@ -93,6 +96,8 @@ def test_the_worker_options_still_choose_among_the_installed_queues(
     app = Celery("proj", set_as_current=False)
     app.conf.update(broker_url="redis://127.0.0.1:6379/9", task_default_queue="proj")
     install(app, AGENTS, settings=Settings())
+    assert "proj" in app.amqp.queues  # the first read of the table loads the configuration
+    celeryd_init.send(sender="w@h", instance=SimpleNamespace(app=app), conf=app.conf, options={})
     app.amqp.queues.select(list(include))
     app.amqp.queues.deselect(list(exclude))
     assert set(app.amqp.queues.consume_from) == consumed
