@@ -10,6 +10,7 @@ INSTALLED_APPS = ["dormant.contrib.django", "shop"]
 MIDDLEWARE: list[str] = []
 ROOT_URLCONF = "proj.urls"
 USE_TZ = True
+TIME_ZONE = "UTC"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 DATABASES = {
