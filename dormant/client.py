@@ -384,11 +384,23 @@ class Client(BaseClient):
     # the caller's transaction -----------------------------------------------------------
 
     def launch(
-        self, agent: str, text: str, *, connection: CallerTransaction | None = None, **options: Any
+        self,
+        agent: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        connection: CallerTransaction | None = None,
     ) -> str:
         """Start a thread; with ``connection`` (a SQLAlchemy ``Connection`` or ``Session``
         on dormant's database) its rows are written in the caller's transaction and the
         thread is woken after that transaction commits. See ``in_transaction``."""
+        options: dict[str, Any] = {
+            "thread_id": thread_id,
+            "metadata": metadata,
+            "message_id": message_id,
+        }
         if connection is not None:
             return self.in_transaction(connection).launch(agent, text, **options)
         return super().launch(agent, text, **options)
