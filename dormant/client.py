@@ -17,7 +17,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from dormant.agents import AgentRegistry
-from dormant.errors import DuplicateMessage, PayloadTooLarge, ThreadBusy
+from dormant.errors import ConfigurationError, DuplicateMessage, PayloadTooLarge, ThreadBusy
 from dormant.history import pending
 from dormant.messages import (
     Event,
@@ -43,16 +43,29 @@ from dormant.tokens import callback_url, parse_callback_url, verify
 from dormant.tools.runner import as_text
 
 if TYPE_CHECKING:
+    from celery import Celery
+    from sqlalchemy import Connection
+    from sqlalchemy.orm import Session, scoped_session
+
     from dormant.stores.redis import RedisEvents
 
-__all__ = ["BaseClient", "Client", "Waker"]
+    CallerTransaction = Connection | Session | scoped_session[Any]
+
+__all__ = ["BaseClient", "Client", "OnCommit", "Waker"]
 
 Waker = Callable[[str, int], None]
 """Arranges a slice for (thread_id, priority)."""
+OnCommit = Callable[[Callable[[], object]], None]
+"""Runs a function once the caller's current transaction commits, and never if it rolls
+back (Django's ``transaction.on_commit``, or ``dormant.contrib.flask``'s session hook)."""
 
 
 def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
+
+
+def new_thread_id() -> str:
+    return f"thr_{uuid.uuid4().hex[:20]}"
 
 
 class BaseClient(ABC):
@@ -96,9 +109,7 @@ class BaseClient(ABC):
             self.agents.get_agent(agent)
         self._check_size(thread_id or "(new)", text)
         thread = self.store.create_thread(
-            NewThread(
-                id=thread_id or f"thr_{uuid.uuid4().hex[:20]}", agent=agent, metadata=metadata or {}
-            )
+            NewThread(id=thread_id or new_thread_id(), agent=agent, metadata=metadata or {})
         )
         self._enqueue(thread.id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
         return thread.id
@@ -274,11 +285,14 @@ class Client(BaseClient):
         events: RedisEvents,
         agents: AgentRegistry | None = None,
         on_close: Callable[[], None] | None = None,
+        on_commit: OnCommit | None = None,
     ) -> None:
         super().__init__(store, dedup, settings, agents)
         self._waker = waker
         self._events = events
         self._on_close = on_close
+        self.on_commit = on_commit
+        """Set by ``dormant.contrib``: what ``launch_on_commit`` and ``send_on_commit`` use."""
 
     @classmethod
     def from_env(
@@ -296,7 +310,33 @@ class Client(BaseClient):
         return cls.from_settings(Settings.from_env(env, **overrides), agents=agents)
 
     @classmethod
-    def from_settings(cls, settings: Settings, *, agents: AgentRegistry | None = None) -> Client:
+    def from_celery(
+        cls,
+        celery_app: Celery,
+        settings: Settings | None = None,
+        *,
+        agents: AgentRegistry | None = None,
+        on_commit: OnCommit | None = None,
+    ) -> Client:
+        """A client that sends its wakes through the host's own Celery app (Django's
+        ``proj.celery.app``): its broker URL, transport options and connection pool are
+        used as they are, so the broker is configured once, in the host's settings."""
+        return cls.from_settings(
+            settings or Settings.from_env(),
+            agents=agents,
+            celery_app=celery_app,
+            on_commit=on_commit,
+        )
+
+    @classmethod
+    def from_settings(
+        cls,
+        settings: Settings,
+        *,
+        agents: AgentRegistry | None = None,
+        celery_app: Celery | None = None,
+        on_commit: OnCommit | None = None,
+    ) -> Client:
         from dormant.stores.redis import (
             RedisDedup,
             RedisEvents,
@@ -306,12 +346,15 @@ class Client(BaseClient):
             wake_mark_ttl_s,
         )
         from dormant.stores.sql import SQLStore
-        from dormant.worker import client_dispatcher
+        from dormant.worker import CeleryDispatcher, client_dispatcher
 
         redis = redis_client(settings)
         store = SQLStore(settings.database_url)
         marks = RedisWakeMarks(redis, settings.key_prefix, wake_mark_ttl_s(settings))
-        dispatcher = client_dispatcher(settings, marks)
+        if celery_app is None:
+            dispatcher = client_dispatcher(settings, marks)
+        else:
+            dispatcher = CeleryDispatcher(celery_app, marks)
 
         def close() -> None:
             store.close()
@@ -325,6 +368,7 @@ class Client(BaseClient):
             events=RedisEvents(redis, settings.key_prefix, ttl_s=settings.dedup_ttl_s),
             agents=agents,
             on_close=close,
+            on_commit=on_commit,
         )
         if agents is not None:
             client.lease = RedisLease(redis, settings.key_prefix)
@@ -336,6 +380,110 @@ class Client(BaseClient):
     def events(self, thread_id: str) -> list[Event]:
         """The thread's recent events (not chunks), oldest first; lost if Redis is flushed."""
         return self._events.recent(thread_id)
+
+    # the caller's transaction -----------------------------------------------------------
+
+    def launch(
+        self,
+        agent: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        message_id: str | None = None,
+        connection: CallerTransaction | None = None,
+    ) -> str:
+        """Start a thread; with ``connection`` (a SQLAlchemy ``Connection`` or ``Session``
+        on dormant's database) its rows are written in the caller's transaction and the
+        thread is woken after that transaction commits. See ``in_transaction``."""
+        options: dict[str, Any] = {
+            "thread_id": thread_id,
+            "metadata": metadata,
+            "message_id": message_id,
+        }
+        if connection is not None:
+            return self.in_transaction(connection).launch(agent, text, **options)
+        return super().launch(agent, text, **options)
+
+    def send(
+        self,
+        thread_id: str,
+        text: str,
+        *,
+        connection: CallerTransaction | None = None,
+        message_id: str | None = None,
+    ) -> str:
+        """Queue user text; with ``connection``, in the caller's transaction (see ``launch``)."""
+        if connection is not None:
+            return self.in_transaction(connection).send(thread_id, text, message_id=message_id)
+        return super().send(thread_id, text, message_id=message_id)
+
+    def in_transaction(self, connection: CallerTransaction) -> Client:
+        """This client writing on the caller's connection: its thread and inbox rows commit
+        or roll back with the caller's own rows, and its wakes are sent only after a commit.
+
+        With a ``Session`` the wake follows the commit; with a bare ``Connection`` it is sent
+        as the ``COMMIT`` is issued (SQLAlchemy has no later hook), so a slice may start a
+        moment before the rows are visible: it then finds nothing to do, and the sweeper
+        re-wakes the thread within ``sweep_interval_s``. A lost wake is covered the same way.
+        """
+        from dormant.contrib.sqlalchemy import bind
+
+        store, after_commit = bind(self.store, connection)
+        return Client(
+            store,
+            self.dedup,
+            self.settings,
+            waker=lambda thread_id, priority: after_commit(
+                lambda: self._waker(thread_id, priority)
+            ),
+            events=self._events,
+            agents=self.agents,
+        )
+
+    def launch_on_commit(
+        self,
+        agent: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> str:
+        """Launch once the caller's transaction commits; nothing if it rolls back.
+
+        Returns the thread id at once (chosen now), so the caller can store it in the same
+        transaction. Needs ``on_commit`` (set by ``dormant.contrib.django`` and
+        ``dormant.contrib.flask``). Like Celery's ``delay_on_commit``, a process that dies
+        between the commit and the launch loses the launch; ``launch(connection=...)``
+        does not, where dormant shares the caller's database.
+        """
+        on_commit = self._require_on_commit()
+        if self.agents is not None:
+            self.agents.get_agent(agent)
+        thread_id = thread_id or new_thread_id()
+        message_id = message_id or new_message_id()
+        on_commit(
+            lambda: self.launch(
+                agent, text, thread_id=thread_id, metadata=metadata, message_id=message_id
+            )
+        )
+        return thread_id
+
+    def send_on_commit(self, thread_id: str, text: str, *, message_id: str | None = None) -> str:
+        """Queue user text once the caller's transaction commits; returns the message id."""
+        on_commit = self._require_on_commit()
+        message_id = message_id or new_message_id()
+        on_commit(lambda: self.send(thread_id, text, message_id=message_id))
+        return message_id
+
+    def _require_on_commit(self) -> OnCommit:
+        if self.on_commit is None:
+            raise ConfigurationError(
+                "this client has no on_commit hook: build it with dormant.contrib.django "
+                "or dormant.contrib.flask, or pass Client.from_celery(..., on_commit=...)"
+            )
+        return self.on_commit
 
     def close(self) -> None:
         if self._on_close is not None:

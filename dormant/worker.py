@@ -15,11 +15,13 @@ Celery is imported here and in ``tasks.py`` only.
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable, Sequence
+import threading
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery
+from celery.signals import celeryd_init
 from celery.utils.imports import cwd_in_path
 from kombu.entity import Exchange, Queue
 
@@ -39,6 +41,7 @@ __all__ = [
     "TOOL_TASK",
     "AgentSource",
     "CeleryDispatcher",
+    "SettingsSource",
     "broker_priority",
     "celery_config",
     "client_dispatcher",
@@ -154,29 +157,58 @@ def _bare_app(settings: Settings, agents: AgentSource) -> Celery:
     return app
 
 
+SettingsSource = Settings | Callable[[], Settings] | None
+"""Settings, a function returning them (read when first needed: Django's settings are not
+loaded when ``proj/celery.py`` is imported), or None for ``Settings.from_env()``."""
+
+
 def install(
-    celery_app: Celery, agents: AgentSource = None, *, settings: Settings | None = None
+    celery_app: Celery, agents: AgentSource = None, *, settings: SettingsSource = None
 ) -> None:
     """Register dormant's tasks on an existing app (Django's ``proj/celery.py``).
 
     Only adds: the three tasks, the three queues, routes for dormant's task names and the
-    sweep's beat entry; the app's own defaults are left alone. The tasks carry the options
-    that matter per task (late ack, JSON); run the workers that consume dormant's queues
-    with ``worker_prefetch_multiplier = 1`` and ``-P threads``. ``settings`` defaults to
-    ``Settings.from_env()``, read when the app is configured.
+    sweep's beat entry; the app's own defaults are left alone. The queues join the set a
+    worker started without ``-Q`` consumes (Celery 5 fixes that set when the queue table is
+    built, so a plain ``add`` would only route to them); ``-Q`` and ``-X`` still choose.
+    The tasks carry the options that matter per task (late ack, JSON); run the workers that
+    consume dormant's queues with ``worker_prefetch_multiplier = 1`` and ``-P threads``.
     """
     from dormant.tasks import LazyRuntime, register_tasks
 
-    runtime = LazyRuntime(celery_app, settings, agents)
-    register_tasks(celery_app, runtime.get)
+    resolve = _settings_resolver(settings)
+    lock = threading.Lock()
+    runtimes: list[LazyRuntime] = []
+
+    def runtime() -> Any:
+        with lock:  # the first tasks of a threads pool race here
+            if not runtimes:
+                runtimes.append(LazyRuntime(celery_app, resolve(), agents))
+        return runtimes[0].get()
+
+    register_tasks(celery_app, runtime)
 
     def add_routing(**_: Any) -> None:
-        _add_routing(celery_app, settings or Settings.from_env())
+        _add_routing(celery_app, resolve())
+
+    def before_worker(instance: Any = None, **_: Any) -> None:
+        # Sent just before the worker applies -Q/-X: the queue table is certainly built from
+        # the final configuration by now (it may not be when configuration first loads).
+        if getattr(instance, "app", None) is celery_app:
+            _consume_ours(celery_app)
 
     if celery_app.configured:
         add_routing()
     else:
         celery_app.on_after_configure.connect(add_routing, weak=False)
+    celeryd_init.connect(before_worker, weak=False)
+
+
+def _settings_resolver(settings: SettingsSource) -> Callable[[], Settings]:
+    if isinstance(settings, Settings):
+        fixed = settings
+        return lambda: fixed
+    return functools.cache(settings or Settings.from_env)
 
 
 def _add_routing(celery_app: Celery, settings: Settings) -> None:
@@ -188,10 +220,7 @@ def _add_routing(celery_app: Celery, settings: Settings) -> None:
     elif isinstance(existing, dict | str):
         existing = (existing,)
     conf.task_routes = (ours, *existing)
-    queues = celery_app.amqp.queues  # built from the app's own settings, default queue included
-    for queue in _dormant_queues():
-        if queue.name not in queues:
-            queues.add(queue)
+    _consume_ours(celery_app)
     conf.beat_schedule = {
         **(conf.beat_schedule or {}),
         SWEEP_TASK: {
@@ -204,6 +233,15 @@ def _add_routing(celery_app: Celery, settings: Settings) -> None:
             },
         },
     }
+
+
+def _consume_ours(celery_app: Celery) -> None:
+    queues = celery_app.amqp.queues  # built from the app's own settings, default queue included
+    for queue in _dormant_queues():
+        if queue.name not in queues or queue.name not in queues.consume_from:
+            # select_add, not add: a worker without -Q consumes the queues present when
+            # the table was built (plus these); add would leave them routed but unread.
+            queues.select_add(queue)
 
 
 _ROUTES = {SLICE_TASK: QUEUE_BACKGROUND, TOOL_TASK: QUEUE_TOOLS, SWEEP_TASK: QUEUE_BACKGROUND}

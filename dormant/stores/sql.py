@@ -9,6 +9,7 @@ writers serialise on the lock instead of failing on a stale read snapshot.
 
 from __future__ import annotations
 
+import copy
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -178,11 +179,24 @@ class SQLStore:
         self._serial: AbstractContextManager[Any] = threading.RLock() if memory else nullcontext()
         if memory:
             _migrate(self._engine)
+        self._caller: Connection | None = None
+
+    def on_connection(self, connection: Connection) -> SQLStore:
+        """This store writing on the caller's connection, inside the caller's transaction:
+        its rows commit or roll back with the caller's own. Each operation is a savepoint,
+        so a refused write (a duplicate message) leaves the caller's transaction usable."""
+        view = copy.copy(self)
+        view._caller = connection
+        return view
 
     @contextmanager
     def _tx(self, *, write: bool = False, snapshot: bool = False) -> Iterator[Connection]:
         """One transaction; ``write`` takes SQLite's lock up front, ``snapshot`` makes
         PostgreSQL reads agree with each other."""
+        if self._caller is not None:
+            with self._caller.begin_nested():
+                yield self._caller
+            return
         with self._serial, self._engine.connect() as conn:
             if write:
                 conn.execution_options(**{_SQLITE_BEGIN: "IMMEDIATE"})

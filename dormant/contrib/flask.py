@@ -1,0 +1,134 @@
+"""Flask: dormant configured in ``app.config``, launches tied to the Flask-SQLAlchemy session.
+
+::
+
+    dormant = Dormant()
+
+    def create_app():
+        app = Flask(__name__)
+        app.config.from_mapping(CELERY={"broker_url": ...}, DORMANT={"SECRET_KEY": ...})
+        db.init_app(app)
+        celery_app = celery_init_app(app)          # the Celery app of Flask's own docs
+        dormant.init_app(app, celery_app=celery_app, db=db, agents="myapp.agents")
+        return app
+
+``init_app`` installs dormant's tasks on ``celery_app`` (so ``celery -A make_celery worker``
+runs the agents) and gives ``dormant.client``: wakes go through ``celery_app``, and
+``launch_on_commit`` follows ``db.session``'s commit. ``app.config["DORMANT"]`` (or
+``DORMANT_*`` keys) takes the names of docs/celery.md; ``DATABASE_URL`` defaults to
+``SQLALCHEMY_DATABASE_URI`` and ``REDIS_URL`` to the Celery broker when it is Redis.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from flask import Flask, current_app
+
+from dormant.contrib._settings import redis_url_of, settings_from
+from dormant.contrib.sqlalchemy import session_on_commit
+from dormant.errors import ConfigurationError
+from dormant.settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
+    from flask_sqlalchemy import SQLAlchemy
+
+    from dormant.client import Client
+    from dormant.worker import AgentSource
+
+__all__ = ["Dormant", "settings_from_config"]
+
+
+def settings_from_config(config: Mapping[str, Any], celery_app: Celery | None = None) -> Settings:
+    """``Settings`` from a Flask config: the ``DORMANT`` dict and ``DORMANT_*`` keys."""
+    values = {k.removeprefix("DORMANT_"): v for k, v in config.items() if k.startswith("DORMANT_")}
+    values.update(config.get("DORMANT") or {})
+    defaults: dict[str, str] = {}
+    if config.get("SQLALCHEMY_DATABASE_URI"):
+        defaults["DATABASE_URL"] = str(config["SQLALCHEMY_DATABASE_URI"])
+    broker = celery_app.conf.broker_url if celery_app is not None else None
+    if isinstance(broker, str) and broker:
+        defaults["BROKER_URL"] = broker
+        redis_url = redis_url_of(broker)
+        if redis_url:
+            defaults["REDIS_URL"] = redis_url
+    return settings_from(values, defaults, "app.config['DORMANT']")
+
+
+class _State:
+    """One Flask app's dormant: its settings, Celery app, session and (lazily) client."""
+
+    def __init__(self, settings: Settings, celery_app: Celery | None, db: SQLAlchemy | None):
+        self.settings = settings
+        self.celery_app = celery_app
+        self.db = db
+        self.lock = threading.Lock()
+        self.client: Client | None = None
+
+
+class Dormant:
+    """The Flask extension (``init_app`` pattern): one instance, any number of apps."""
+
+    def __init__(
+        self,
+        app: Flask | None = None,
+        *,
+        celery_app: Celery | None = None,
+        db: SQLAlchemy | None = None,
+        agents: AgentSource = None,
+    ) -> None:
+        if app is not None:
+            self.init_app(app, celery_app=celery_app, db=db, agents=agents)
+
+    def init_app(
+        self,
+        app: Flask,
+        *,
+        celery_app: Celery | None = None,
+        db: SQLAlchemy | None = None,
+        agents: AgentSource = None,
+    ) -> None:
+        """Read ``app.config``; with ``celery_app``, install dormant's tasks on it."""
+        settings = settings_from_config(app.config, celery_app)
+        if celery_app is not None:
+            from dormant.worker import install
+
+            install(celery_app, agents, settings=settings)
+        app.extensions["dormant"] = _State(settings, celery_app, db)
+
+    def settings(self, app: Flask | None = None) -> Settings:
+        return self._state(app).settings
+
+    def client(self, app: Flask | None = None) -> Client:
+        """The app's ``Client`` (built on first use, shared by its requests)."""
+        state = self._state(app)
+        with state.lock:
+            if state.client is None:
+                state.client = self._build(state)
+            return state.client
+
+    def _build(self, state: _State) -> Client:
+        from dormant.client import Client
+
+        db = state.db
+        on_commit = None
+        if db is not None:
+
+            def on_commit(fn: Any) -> None:
+                session_on_commit(db.session)(fn)  # this request's session
+
+        if state.celery_app is not None:
+            return Client.from_celery(state.celery_app, state.settings, on_commit=on_commit)
+        return Client.from_settings(state.settings, on_commit=on_commit)
+
+    def _state(self, app: Flask | None) -> _State:
+        app = app or current_app
+        state = app.extensions.get("dormant")
+        if not isinstance(state, _State):
+            raise ConfigurationError(
+                f"dormant is not set up on Flask app {app.name!r}: call init_app"
+            )
+        return state

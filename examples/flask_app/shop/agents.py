@@ -1,0 +1,33 @@
+"""The support agent: a scripted model (no provider needed) and a tool reading the Order table.
+
+Swap ``ScriptedModel(_script)`` for ``OpenAIModel("gpt-4.1-mini")`` to use a real model.
+"""
+
+from collections.abc import Sequence
+
+from dormant import Agent, tool
+from dormant.messages import Item, ToolResult, UserText
+from dormant.models import Completion, ScriptedModel, call, reply
+from shop.models import Order, db
+
+
+@tool
+def order_status(order_id: int) -> str:
+    """The item and status of an order, read from the shop's database."""
+    order = db.session.get(Order, order_id)  # dormant.tool runs in the Flask app context
+    if order is None:
+        return f"there is no order {order_id}"
+    return f"order {order.id} ({order.item}) is {order.status}"
+
+
+def _script(history: Sequence[Item]) -> Completion:
+    last = history[-1]
+    if isinstance(last, ToolResult):
+        return reply(f"Thanks for waiting: {last.content}.")
+    asked = [item.text for item in history if isinstance(item, UserText)][-1]
+    order_id = int(asked.rsplit("#", 1)[1])
+    return reply("Let me look that up.", call("order_status", order_id=order_id))
+
+
+support = Agent("support", model=ScriptedModel(_script), tools=[order_status])
+AGENTS = [support]
