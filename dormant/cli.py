@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from dormant.cli_celery import beat, worker
-from dormant.cli_errors import reported, say
+from dormant.cli_errors import DEBUG_FLAG, reported, say
 
 if TYPE_CHECKING:
     from dormant.client import Client
@@ -27,6 +27,7 @@ app = typer.Typer(
     help="dormant: a durable runtime for LLM agents on Celery.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,  # --debug tracebacks must not print passwords
 )
 db = typer.Typer(help="Database schema commands.", no_args_is_help=True)
 app.add_typer(db, name="db")
@@ -45,7 +46,6 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def main(
-    ctx: typer.Context,
     debug: bool = typer.Option(
         False, "--debug", help="Show tracebacks (also DORMANT_DEBUG=1).", show_default=False
     ),
@@ -55,7 +55,7 @@ def main(
 ) -> None:
     """dormant: a durable runtime for LLM agents on Celery."""
     del version  # handled by its eager callback
-    ctx.meta["dormant.debug"] = debug
+    DEBUG_FLAG.set(debug)
 
 
 @app.command()
@@ -293,7 +293,8 @@ def _redact(url: str) -> str:
     if not at:
         return url
     scheme, _, credentials = head.partition("://")
-    return f"{scheme}://{credentials.split(':')[0]}:***@{tail}"
+    user, colon, _ = credentials.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{tail}"
 
 
 app.command()(reported(worker))

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import typer
@@ -34,7 +35,15 @@ from dormant.errors import (
     Unavailable,
 )
 
-__all__ = ["EXIT_REFUSED", "EXIT_UNAVAILABLE", "debugging", "explain", "reported", "say"]
+__all__ = [
+    "DEBUG_FLAG",
+    "EXIT_REFUSED",
+    "EXIT_UNAVAILABLE",
+    "debugging",
+    "explain",
+    "reported",
+    "say",
+]
 
 EXIT_REFUSED = 1
 EXIT_UNAVAILABLE = 3
@@ -54,8 +63,8 @@ def reported(command: F) -> F:
     def run(*args: Any, **kwargs: Any) -> None:
         try:
             command(*args, **kwargs)
-        except (typer.Exit, typer.Abort, SystemExit, KeyboardInterrupt):
-            raise
+        except (typer.Exit, typer.Abort, typer.TyperException, KeyboardInterrupt):
+            raise  # usage errors (exit 2) are Typer's to show
         except Exception as exc:
             if debugging():
                 raise
@@ -127,12 +136,13 @@ def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "(no message)"
 
 
+DEBUG_FLAG: ContextVar[bool] = ContextVar("dormant_debug_flag", default=False)
+"""``dormant --debug``: set by the root command for the invocation it runs."""
+
+
 def debugging() -> bool:
     """``--debug`` on the command line, else ``DORMANT_DEBUG`` (a bad value means no)."""
-    import click
-
-    context = click.get_current_context(silent=True)
-    if context is not None and context.find_root().meta.get("dormant.debug"):
+    if DEBUG_FLAG.get():
         return True
     from dormant.settings import Settings
 

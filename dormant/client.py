@@ -123,8 +123,13 @@ class BaseClient(ABC):
         try:
             self._enqueue(thread_id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
         except DuplicateMessage:
-            if not chosen or not self._launched_with(thread_id, message_id, text):
+            if not chosen:
                 raise
+            if not self._launched_with(thread_id, message_id, text):
+                raise MessageRejected(
+                    f"thread {thread_id!r} was already launched (message {message_id!r}) "
+                    "with other text"
+                ) from None
             self._wake_saved(thread_id, Priority.INTERACTIVE)  # the first wake may have failed
         return thread_id
 

@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery
+from celery.signals import worker_init
 from celery.utils.imports import cwd_in_path
 from kombu.entity import Exchange, Queue
 
@@ -177,6 +178,18 @@ def install(
         add_routing()
     else:
         celery_app.on_after_configure.connect(add_routing, weak=False)
+
+    def refuse_without_secret(sender: Any = None, **_: Any) -> None:
+        """A worker of this app without a signing key would fail every slice: it refuses
+        to start, with one line (beat and Flower need no key and are not workers)."""
+        if getattr(sender, "app", None) is not celery_app:
+            return
+        try:
+            (settings or Settings.from_env()).require_secret()
+        except ConfigurationError as error:
+            raise SystemExit(f"error: {error}") from None
+
+    worker_init.connect(refuse_without_secret, weak=False)
 
 
 def _add_routing(celery_app: Celery, settings: Settings) -> None:
