@@ -8,6 +8,7 @@ failure is one line on stderr and a documented exit code.
 from __future__ import annotations
 
 import json
+from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -95,14 +96,14 @@ def threads(
     from dormant.stores.base import ThreadStatus
 
     wanted = _status(status, ThreadStatus) if status else None
-    store = _store(database_url)
-    listed = store.threads(wanted, limit)
-    if as_json:
-        _print_json(thread_records(store, listed))
-    elif not listed:
-        typer.echo("no threads")
-    else:
-        _rich(thread_tree(store, listed))
+    with closing(_store(database_url)) as store:
+        listed = store.threads(wanted, limit)
+        if as_json:
+            _print_json(thread_records(store, listed))
+        elif not listed:
+            typer.echo("no threads")
+        else:
+            _rich(thread_tree(store, listed))
 
 
 @app.command()
@@ -113,11 +114,11 @@ def show(
     """A thread's timeline: what its model sees, inherited items dimmed."""
     from dormant.inspect import timeline, timeline_record
 
-    store = _store(database_url)
-    if as_json:
-        _print_json(timeline_record(store, thread_id))
-    else:
-        _rich(timeline(store, thread_id))
+    with closing(_store(database_url)) as store:
+        if as_json:
+            _print_json(timeline_record(store, thread_id))
+        else:
+            _rich(timeline(store, thread_id))
 
 
 @app.command()
@@ -127,13 +128,13 @@ def retry(thread_id: str, database_url: str | None = DatabaseOption) -> None:
     from dormant.history import pending
     from dormant.stores.base import ThreadStatus
 
-    store = _store(database_url)
-    snap = store.load(thread_id)
-    if snap.thread.status is not ThreadStatus.STALLED:
-        say(f"error: thread {thread_id!r} is {snap.thread.status.value}, not stalled")
-        raise typer.Exit(1)
-    status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
-    store.set_status(thread_id, status)
+    with closing(_store(database_url)) as store:
+        snap = store.load(thread_id)
+        if snap.thread.status is not ThreadStatus.STALLED:
+            say(f"error: thread {thread_id!r} is {snap.thread.status.value}, not stalled")
+            raise typer.Exit(1)
+        status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
+        store.set_status(thread_id, status)
     typer.echo(f"thread {thread_id} is {status.value} again; the sweeper re-drives it")
 
 
