@@ -40,6 +40,7 @@ __all__ = [
     "EXIT_REFUSED",
     "EXIT_UNAVAILABLE",
     "debugging",
+    "exit_code",
     "explain",
     "reported",
     "say",
