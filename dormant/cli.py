@@ -1,20 +1,24 @@
-"""The ``dormant`` command."""
+"""The ``dormant`` command.
+
+Each command imports what it needs when it runs, so ``dormant --help`` loads no database,
+Celery or model code. Every command is wrapped in ``reported`` (``cli_errors.py``): a
+failure is one line on stderr and a documented exit code.
+"""
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypeVar
+import json
+from contextlib import closing
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
 from dormant.cli_celery import beat, worker
-from dormant.errors import DormantError
-from dormant.settings import Settings
+from dormant.cli_errors import DEBUG_FLAG, reported, say
 
 if TYPE_CHECKING:
     from dormant.client import Client
+    from dormant.settings import Settings
     from dormant.stores.base import ThreadStatus
     from dormant.stores.sql import SQLStore
 
@@ -24,110 +28,139 @@ app = typer.Typer(
     help="dormant: a durable runtime for LLM agents on Celery.",
     no_args_is_help=True,
     add_completion=False,
+    pretty_exceptions_show_locals=False,  # --debug tracebacks must not print passwords
 )
 db = typer.Typer(help="Database schema commands.", no_args_is_help=True)
 app.add_typer(db, name="db")
 
-F = TypeVar("F", bound=Callable[..., None])
-
-
-def _reported(command: F) -> F:
-    """Show dormant's own errors as one clear line and exit 1, not as a traceback."""
-
-    @functools.wraps(command)
-    def run(*args: Any, **kwargs: Any) -> None:
-        try:
-            command(*args, **kwargs)
-        except DormantError as error:
-            Console(stderr=True).print(f"[bold red]error:[/] {error}", highlight=False)
-            raise typer.Exit(1) from None
-
-    return run  # type: ignore[return-value]
-
-
 DatabaseOption = typer.Option(None, "--database-url", help="Defaults to DORMANT_DATABASE_URL.")
+JsonOption = typer.Option(False, "--json", help="Print JSON on stdout instead of text.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"dormant {version('dormant')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show tracebacks (also DORMANT_DEBUG=1).", show_default=False
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """dormant: a durable runtime for LLM agents on Celery."""
+    del version  # handled by its eager callback
+    DEBUG_FLAG.set(debug)
 
 
 @app.command()
-@_reported
+@reported
 def demo() -> None:
     """Run the embedded demo: an agent that sleeps between tool calls (no servers)."""
+    from rich.console import Console
+
     from dormant.demo import run_demo
 
     run_demo(Console())
 
 
 @db.command("upgrade")
-@_reported
+@reported
 def db_upgrade(database_url: str | None = DatabaseOption) -> None:
-    """Create or migrate the schema to the newest version."""
+    """Create or migrate the schema to the newest version (creates a SQLite file)."""
     from dormant.stores.sql import upgrade
 
-    url = database_url or Settings.from_env().database_url
-    upgrade(url)
-    Console().print(f"schema of {_redact(url)} is up to date")
+    settings = _settings()
+    url = _database_url(database_url or settings.database_url)
+    upgrade(url, table_prefix=settings.table_prefix)
+    prefix = f" (tables prefixed {settings.table_prefix!r})" if settings.table_prefix else ""
+    typer.echo(f"schema of {_redact(url)} is up to date{prefix}")
 
 
 @app.command()
-@_reported
+@reported
 def threads(
     status: str | None = typer.Option(None, help="Only threads with this status."),
     limit: int = typer.Option(50, min=1, help="How many root threads to list."),
     database_url: str | None = DatabaseOption,
+    as_json: bool = JsonOption,
 ) -> None:
     """Threads as a tree: status, pending calls, subscriptions, inbox depth."""
-    from dormant.inspect import thread_tree
+    from dormant.inspect import thread_records, thread_tree
     from dormant.stores.base import ThreadStatus
 
     wanted = _status(status, ThreadStatus) if status else None
-    store = _store(database_url)
-    listed = store.threads(wanted, limit)
-    if not listed:
-        Console().print("no threads")
-        return
-    Console().print(thread_tree(store, listed))
+    with closing(_store(database_url)) as store:
+        listed = store.threads(wanted, limit)
+        if as_json:
+            _print_json(thread_records(store, listed))
+        elif not listed:
+            typer.echo("no threads")
+        else:
+            _rich(thread_tree(store, listed))
 
 
 @app.command()
-@_reported
-def show(thread_id: str, database_url: str | None = DatabaseOption) -> None:
+@reported
+def show(
+    thread_id: str, database_url: str | None = DatabaseOption, as_json: bool = JsonOption
+) -> None:
     """A thread's timeline: what its model sees, inherited items dimmed."""
-    from dormant.inspect import timeline
+    from dormant.inspect import timeline, timeline_record
 
-    Console().print(timeline(_store(database_url), thread_id))
+    with closing(_store(database_url)) as store:
+        if as_json:
+            _print_json(timeline_record(store, thread_id))
+        else:
+            _rich(timeline(store, thread_id))
 
 
 @app.command()
-@_reported
+@reported
 def retry(thread_id: str, database_url: str | None = DatabaseOption) -> None:
     """Re-drive a stalled thread: its queued messages are applied by the next sweep."""
     from dormant.history import pending
     from dormant.stores.base import ThreadStatus
 
-    store = _store(database_url)
-    snap = store.load(thread_id)
-    if snap.thread.status is not ThreadStatus.STALLED:
-        Console().print(f"thread {thread_id} is {snap.thread.status.value}, not stalled")
-        raise typer.Exit(1)
-    status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
-    store.set_status(thread_id, status)
-    Console().print(f"thread {thread_id} is {status.value} again; the sweeper re-drives it")
+    with closing(_store(database_url)) as store:
+        snap = store.load(thread_id)
+        if snap.thread.status is not ThreadStatus.STALLED:
+            say(f"error: thread {thread_id!r} is {snap.thread.status.value}, not stalled")
+            raise typer.Exit(1)
+        status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
+        store.set_status(thread_id, status)
+    typer.echo(f"thread {thread_id} is {status.value} again; the sweeper re-drives it")
 
 
 @app.command()
-@_reported
+@reported
 def launch(
     agent: str,
     text: str,
-    thread_id: str | None = typer.Option(None, "--thread-id", help="Choose the thread id."),
+    thread_id: str | None = typer.Option(
+        None, "--thread-id", help="Choose the thread id: running the command again is harmless."
+    ),
+    message_id: str | None = typer.Option(None, "--message-id", help="Idempotency key."),
+    agents: str | None = typer.Option(
+        None,
+        "--agents",
+        help="Module defining the agents (default DORMANT_AGENTS): refuses unknown names.",
+    ),
 ) -> None:
-    """Start a thread of AGENT with user TEXT (distributed: needs DORMANT_* URLs)."""
-    with _client() as client:
-        typer.echo(client.launch(agent, text, thread_id=thread_id))
+    """Start a thread of AGENT with user TEXT; prints its id (needs the DORMANT_* URLs)."""
+    with _client(agents) as client:
+        launched = client.launch(agent, text, thread_id=thread_id, message_id=message_id)
+        typer.echo(launched)
 
 
 @app.command()
-@_reported
+@reported
 def send(
     thread_id: str,
     text: str,
@@ -139,7 +172,7 @@ def send(
 
 
 @app.command()
-@_reported
+@reported
 def deliver(
     thread_id: str,
     call_id: str,
@@ -155,7 +188,7 @@ def deliver(
 
 
 @app.command()
-@_reported
+@reported
 def callbacks(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8765, help="Port to listen on."),
@@ -166,20 +199,75 @@ def callbacks(
     from dormant.callbacks import callback_app
 
     with _client() as client, make_server(host, port, callback_app(client)) as server:
-        Console().print(f"receiving callbacks on http://{host}:{server.server_port}/")
+        say(f"receiving callbacks on http://{host}:{server.server_port}/")
         server.serve_forever()
 
 
-def _client() -> Client:
-    from dormant.client import Client
+# Helpers -----------------------------------------------------------------------------
 
-    return Client.from_env()
+
+def _settings() -> Settings:
+    from dormant.settings import Settings
+
+    return Settings.from_env()
+
+
+def _client(agents_module: str | None = None) -> Client:
+    """A client for the ``DORMANT_*`` URLs; with agents (``--agents`` or ``DORMANT_AGENTS``)
+    given to ``launch``, unknown agent names are refused before anything is stored."""
+    from dormant.cli_client import open_client
+
+    settings = _settings()
+    _database_url(settings.database_url)
+    return open_client(settings, agents_module, check_database=_check_database)
 
 
 def _store(database_url: str | None) -> SQLStore:
+    """The store to read; never creates a database (a missing SQLite file is an error)."""
     from dormant.stores.sql import SQLStore
 
-    return SQLStore(database_url or Settings.from_env().database_url)
+    settings = _settings()
+    url = _database_url(database_url or settings.database_url)
+    _check_database(url)
+    return SQLStore(url, table_prefix=settings.table_prefix)
+
+
+def _database_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from dormant.errors import ConfigurationError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigurationError(
+            f"{url!r} is not a database URL: use sqlite:///path/to/file.db or "
+            "postgresql://user@host/dbname"
+        ) from None
+    if parsed.get_backend_name() not in ("sqlite", "postgresql", "postgres"):
+        raise ConfigurationError(
+            f"unsupported database {_redact(url)!r}: use sqlite:// or postgresql://"
+        )
+    return url
+
+
+def _check_database(url: str) -> None:
+    """Refuse a SQLite file that does not exist: opening it would create an empty one."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    from dormant.errors import SchemaMissing
+
+    parsed = make_url(url)
+    path = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
+        return
+    if parsed.query.get("uri") or path.startswith("file:"):
+        return  # SQLite URI filenames (mode=ro...) say themselves what may be created
+    if not Path(path).is_file():
+        raise SchemaMissing(f"there is no SQLite database at {path!r}")
 
 
 def _status(value: str, kind: type[ThreadStatus]) -> ThreadStatus:
@@ -190,17 +278,28 @@ def _status(value: str, kind: type[ThreadStatus]) -> ThreadStatus:
         raise typer.BadParameter(f"{value!r} is not a status; choose from {choices}") from None
 
 
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _rich(renderable: Any) -> None:
+    from rich.console import Console
+
+    Console().print(renderable)
+
+
 def _redact(url: str) -> str:
     """The URL without its password, for printing."""
     head, at, tail = url.rpartition("@")
     if not at:
         return url
     scheme, _, credentials = head.partition("://")
-    return f"{scheme}://{credentials.split(':')[0]}:***@{tail}"
+    user, colon, _ = credentials.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{tail}"
 
 
-app.command()(worker)
-app.command()(beat)
+app.command()(reported(worker))
+app.command()(reported(beat))
 
 
 if __name__ == "__main__":

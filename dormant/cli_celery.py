@@ -35,7 +35,7 @@ def worker(
     """Run a Celery worker (threads pool) that runs slices and tools."""
     from dormant.worker import run_worker
 
-    settings = Settings.from_env()
+    settings = Settings.from_env().require_secret()  # a worker signs callback URLs
     if agents:
         settings = settings.with_(agents_module=agents)
     names = [q.strip() for q in queues.split(",") if q.strip()]

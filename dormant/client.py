@@ -9,15 +9,23 @@ only when a ``Client`` is built, through functions of ``dormant.worker`` and
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Self
 
 from dormant.agents import AgentRegistry
-from dormant.errors import ConfigurationError, DuplicateMessage, PayloadTooLarge, ThreadBusy
+from dormant.errors import (
+    ConfigurationError,
+    ControlSignal,
+    DuplicateMessage,
+    MessageRejected,
+    PayloadTooLarge,
+    ThreadBusy,
+)
 from dormant.history import pending
 from dormant.messages import (
     Event,
@@ -52,6 +60,8 @@ if TYPE_CHECKING:
     CallerTransaction = Connection | Session | scoped_session[Any]
 
 __all__ = ["BaseClient", "Client", "OnCommit", "Waker"]
+
+log = logging.getLogger("dormant.client")
 
 Waker = Callable[[str, int], None]
 """Arranges a slice for (thread_id, priority)."""
@@ -104,15 +114,47 @@ class BaseClient(ABC):
         metadata: dict[str, Any] | None = None,
         message_id: str | None = None,
     ) -> str:
-        """Start a thread of ``agent`` with user ``text``; returns the thread id."""
+        """Start a thread of ``agent`` with user ``text``; returns the thread id.
+
+        Retry-safe with a chosen ``thread_id``: launching it again with the same agent and
+        text returns the id and creates nothing (the first message is ``launch:<thread_id>``
+        unless ``message_id`` says otherwise).
+        """
         if self.agents is not None:
             self.agents.get_agent(agent)
-        self._check_size(thread_id or "(new)", text)
-        thread = self.store.create_thread(
-            NewThread(id=thread_id or new_thread_id(), agent=agent, metadata=metadata or {})
+        chosen = thread_id is not None
+        thread_id = thread_id or new_thread_id()
+        self._check_size(thread_id, text)
+        message_id = message_id or f"launch:{thread_id}"
+        try:
+            self.store.create_thread(NewThread(id=thread_id, agent=agent, metadata=metadata or {}))
+        except DuplicateMessage:
+            existing = self.store.thread(thread_id).agent
+            if not chosen or existing != agent:
+                raise MessageRejected(
+                    f"thread {thread_id!r} exists already, for agent {existing!r}"
+                ) from None
+        try:
+            self._enqueue(thread_id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
+        except DuplicateMessage:
+            if not chosen:
+                raise
+            if not self._launched_with(thread_id, message_id, text):
+                raise MessageRejected(
+                    f"thread {thread_id!r} was already launched (message {message_id!r}) "
+                    "with other text"
+                ) from None
+            self._wake_saved(thread_id, Priority.INTERACTIVE)  # the first wake may have failed
+        return thread_id
+
+    def _launched_with(self, thread_id: str, message_id: str, text: str) -> bool:
+        """Whether ``message_id`` of the thread is user ``text`` (a retried launch)."""
+        return any(
+            row.message_id == message_id
+            and isinstance(row.message, UserMessage)
+            and row.message.text == text
+            for row in self.store.inbox(thread_id)
         )
-        self._enqueue(thread.id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
-        return thread.id
 
     def send(self, thread_id: str, text: str, *, message_id: str | None = None) -> str:
         """Queue user text for a thread; returns the message id.
@@ -264,8 +306,30 @@ class BaseClient(ABC):
         if self.dedup.seen(thread_id, message_id):
             raise DuplicateMessage(thread_id, message_id)
         self.store.enqueue(thread_id, message_id, message, priority)
-        self.wake(thread_id, priority)
+        self._wake_saved(thread_id, priority)
         return message_id
+
+    def _wake_saved(self, thread_id: str, priority: int) -> None:
+        """Wake a thread whose message is already committed. A failed wake (the broker is
+        down) must not fail the call: the message is stored and the sweeper wakes the
+        thread, whereas an exception would invite the caller to retry (a second thread)."""
+        try:
+            self.wake(thread_id, priority)
+        except ControlSignal:
+            raise
+        except Exception as error:
+            self.wake_failed(thread_id, error)
+
+    def wake_failed(self, thread_id: str, error: Exception) -> None:
+        """Called when the wake after a stored message fails; logs a warning. Override it to
+        report the failure elsewhere (the ``dormant`` command prints one line)."""
+        log.warning(
+            "thread %s: the message is saved but waking the thread failed (%s: %s); "
+            "the sweeper will wake it",
+            thread_id,
+            type(error).__name__,
+            error,
+        )
 
 
 class Client(BaseClient):
@@ -301,7 +365,7 @@ class Client(BaseClient):
         *,
         agents: AgentRegistry | None = None,
         **overrides: Any,
-    ) -> Client:
+    ) -> Self:
         """A client configured by ``DORMANT_*`` variables (``overrides`` win).
 
         ``agents`` is optional: with it, ``launch`` checks agent names and ``send`` honours
@@ -317,7 +381,7 @@ class Client(BaseClient):
         *,
         agents: AgentRegistry | None = None,
         on_commit: OnCommit | None = None,
-    ) -> Client:
+    ) -> Self:
         """A client that sends its wakes through the host's own Celery app (Django's
         ``proj.celery.app``): its broker URL, transport options and connection pool are
         used as they are, so the broker is configured once, in the host's settings."""
@@ -336,7 +400,7 @@ class Client(BaseClient):
         agents: AgentRegistry | None = None,
         celery_app: Celery | None = None,
         on_commit: OnCommit | None = None,
-    ) -> Client:
+    ) -> Self:
         from dormant.stores.redis import (
             RedisDedup,
             RedisEvents,
@@ -349,7 +413,7 @@ class Client(BaseClient):
         from dormant.worker import CeleryDispatcher, client_dispatcher
 
         redis = redis_client(settings)
-        store = SQLStore(settings.database_url)
+        store = SQLStore(settings.database_url, table_prefix=settings.table_prefix)
         marks = RedisWakeMarks(redis, settings.key_prefix, wake_mark_ttl_s(settings))
         if celery_app is None:
             dispatcher = client_dispatcher(settings, marks)
@@ -462,7 +526,6 @@ class Client(BaseClient):
         if self.agents is not None:
             self.agents.get_agent(agent)
         thread_id = thread_id or new_thread_id()
-        message_id = message_id or new_message_id()
         on_commit(
             lambda: self.launch(
                 agent, text, thread_id=thread_id, metadata=metadata, message_id=message_id
@@ -489,7 +552,7 @@ class Client(BaseClient):
         if self._on_close is not None:
             self._on_close()
 
-    def __enter__(self) -> Client:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

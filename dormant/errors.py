@@ -2,6 +2,11 @@
 
     DormantError
     ├── ConfigurationError          bad settings, unknown agent, missing secret key
+    │   └── SchemaMissing           the database has no dormant tables: run `dormant db upgrade`
+    ├── Unavailable                 a server dormant needs cannot be reached; nothing was done
+    │   ├── DatabaseUnavailable
+    │   ├── BrokerUnavailable       the Celery broker
+    │   └── RedisUnavailable        leases, dedup, events
     ├── NotFound
     │   ├── UnknownThread
     │   ├── UnknownCall
@@ -28,9 +33,11 @@ Every message names the offending id, so a log line is enough to find the thread
 from __future__ import annotations
 
 __all__ = [
+    "BrokerUnavailable",
     "ConfigurationError",
     "ControlSignal",
     "CrashPoint",
+    "DatabaseUnavailable",
     "DormantError",
     "DuplicateMessage",
     "InvalidToken",
@@ -42,10 +49,13 @@ __all__ = [
     "ModelRetryable",
     "NotFound",
     "PayloadTooLarge",
+    "RedisUnavailable",
+    "SchemaMissing",
     "SteeredAway",
     "SubscriptionCancelled",
     "ThreadBusy",
     "ThreadClosed",
+    "Unavailable",
     "UnknownAgent",
     "UnknownCall",
     "UnknownThread",
@@ -58,6 +68,35 @@ class DormantError(Exception):
 
 class ConfigurationError(DormantError):
     pass
+
+
+class SchemaMissing(ConfigurationError):
+    """The database (or its file) exists without dormant's tables, or does not exist."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{detail}: create the schema with `dormant db upgrade`")
+
+
+class Unavailable(DormantError):
+    """A server dormant needs did not answer; ``detail`` says which address failed."""
+
+    service = "a server"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(f"{self.service} is unreachable: {detail}")
+        self.detail = detail
+
+
+class DatabaseUnavailable(Unavailable):
+    service = "the database"
+
+
+class BrokerUnavailable(Unavailable):
+    service = "the Celery broker"
+
+
+class RedisUnavailable(Unavailable):
+    service = "Redis"
 
 
 class NotFound(DormantError):

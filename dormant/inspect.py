@@ -1,29 +1,54 @@
-"""What the CLI shows about threads: a tree of threads and a thread's timeline."""
+"""What the CLI shows about threads: a tree of threads and a thread's timeline, as text
+for people and as JSON records (``--json``) for scripts."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 from rich.console import Group
 from rich.text import Text
 from rich.tree import Tree
 
 from dormant.history import pending
+from dormant.messages import ItemAdapter
 from dormant.stores.base import CallState, InboxState, Store, ThreadInfo
 from dormant.timeline import render_item
 
-__all__ = ["thread_tree", "timeline"]
+__all__ = ["thread_record", "thread_records", "thread_tree", "timeline", "timeline_record"]
 
 _STATUS_STYLE = {"idle": "green", "waiting": "yellow", "closed": "dim", "stalled": "bold red"}
 
 
-def _label(store: Store, info: ThreadInfo) -> Text:
+@dataclass(frozen=True)
+class _State:
+    """What a thread is doing now, beyond its status."""
+
+    waiting: list[str]
+    subscribed: list[str]
+    inbox_pending: int
+    inbox_deferred: int
+
+
+def _state(store: Store, info: ThreadInfo) -> _State:
     snap = store.load(info.id)
-    waiting = [c.name for c in pending(snap.calls)]
     own = (info.fork_seq or 0) if info.parent_id else -1  # inherited calls are the parent's
-    live = [c.name for c in snap.calls.values() if c.state is CallState.SUBSCRIBED and c.seq > own]
     depth = sum(r.state is InboxState.PENDING for r in snap.inbox)
-    deferred = len(snap.inbox) - depth
+    return _State(
+        waiting=[c.name for c in pending(snap.calls)],
+        subscribed=[
+            c.name for c in snap.calls.values() if c.state is CallState.SUBSCRIBED and c.seq > own
+        ],
+        inbox_pending=depth,
+        inbox_deferred=len(snap.inbox) - depth,
+    )
+
+
+def _label(store: Store, info: ThreadInfo) -> Text:
+    state = _state(store, info)
+    waiting, live = state.waiting, state.subscribed
+    depth, deferred = state.inbox_pending, state.inbox_deferred
     label = Text.assemble(
         (info.id, "bold"),
         f"  {info.agent}  ",
@@ -71,3 +96,60 @@ def timeline(store: Store, thread_id: str) -> Group:
             line.stylize("dim")
         lines.append(line)
     return Group(*lines)
+
+
+def thread_record(store: Store, info: ThreadInfo) -> dict[str, Any]:
+    """One thread as JSON-ready data: what ``dormant threads`` shows, field by field."""
+    state = _state(store, info)
+    return {
+        "id": info.id,
+        "agent": info.agent,
+        "status": info.status.value,
+        "parent_id": info.parent_id,
+        "parent_call_id": info.parent_call_id,
+        "root_id": info.root_id,
+        "role": info.metadata.get("role"),
+        "waiting_on": state.waiting,
+        "subscribed_to": state.subscribed,
+        "inbox_pending": state.inbox_pending,
+        "inbox_deferred": state.inbox_deferred,
+        "failures": info.failures,
+        "last_error": info.last_error,
+        "version": info.version,
+        "created_at": info.created_at.isoformat(),
+        "updated_at": info.updated_at.isoformat(),
+        "metadata": info.metadata,
+    }
+
+
+def thread_records(store: Store, threads: Iterable[ThreadInfo]) -> list[dict[str, Any]]:
+    """The threads of ``thread_tree`` in the same order (each root, then its descendants
+    depth first), flat: ``parent_id`` says where each one hangs."""
+    listed = list(threads)
+    ids = {t.id for t in listed}
+    records: list[dict[str, Any]] = []
+
+    def add(info: ThreadInfo) -> None:
+        records.append(thread_record(store, info))
+        for child in store.children(info.id):
+            add(child)
+
+    for info in listed:
+        if info.parent_id is None or info.parent_id not in ids:
+            add(info)
+    return records
+
+
+def timeline_record(store: Store, thread_id: str) -> dict[str, Any]:
+    """``dormant show --json``: the thread and its model-visible items, each as stored."""
+    info = store.thread(thread_id)
+    items = [
+        {
+            "seq": stored.seq,
+            "inherited": info.fork_seq is not None and stored.seq <= info.fork_seq,
+            "message_id": stored.message_id or None,
+            "item": ItemAdapter.dump_python(stored.item, mode="json"),
+        }
+        for stored in store.history(thread_id)
+    ]
+    return {"thread": thread_record(store, info), "items": items}

@@ -34,14 +34,14 @@ log = logging.getLogger("dormant.local")
 Listener = Callable[[Event], None]
 
 
-def open_store(database_url: str) -> Store:
+def open_store(database_url: str, table_prefix: str = "") -> Store:
     """A store for ``database_url``: ``memory://`` or an SQL URL (migrated to head)."""
     if database_url.startswith("memory:"):
         return MemoryStore()
     from dormant.stores.sql import SQLStore, upgrade
 
-    upgrade(database_url)
-    return SQLStore(database_url)
+    upgrade(database_url, table_prefix=table_prefix)
+    return SQLStore(database_url, table_prefix=table_prefix)
 
 
 class _EventLog:
@@ -83,7 +83,12 @@ class LocalSystem(BaseClient):
     ) -> None:
         settings = (settings or Settings(database_url=database_url)).with_ephemeral_secret()
         registry = agents if isinstance(agents, AgentRegistry) else AgentRegistry(agents)
-        super().__init__(store or open_store(database_url), MemoryDedup(), settings, registry)
+        super().__init__(
+            store or open_store(database_url, settings.table_prefix),
+            MemoryDedup(),
+            settings,
+            registry,
+        )
         self.lease: MemoryLease = MemoryLease()
         self._log = _EventLog()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dormant")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -31,6 +32,8 @@ ENV_NAMES = {
     "model_backoff_s": "DORMANT_MODEL_BACKOFF_S",
     "stall_after_failures": "DORMANT_STALL_AFTER_FAILURES",
     "failure_backoff_s": "DORMANT_FAILURE_BACKOFF_S",
+    "table_prefix": "DORMANT_TABLE_PREFIX",
+    "debug": "DORMANT_DEBUG",
 }
 
 
@@ -80,7 +83,19 @@ class Settings:
     """Redis broker: a prefix for every key Celery uses (kombu's ``global_keyprefix``), so
     several deployments (or test runs) can share one Redis database."""
 
+    table_prefix: str = ""
+    """Prepended to every table dormant creates (``myapp_`` gives ``myapp_threads``...), so
+    its tables cannot collide with an application's in a shared database; several
+    deployments with different prefixes can share one database."""
+    debug: bool = False
+    """The ``dormant`` command shows tracebacks instead of one line per error."""
+
     def __post_init__(self) -> None:
+        if not _TABLE_PREFIX.fullmatch(self.table_prefix):
+            raise ConfigurationError(
+                f"table prefix {self.table_prefix!r} is not valid: use up to 20 lowercase"
+                " letters, digits and underscores, starting with a letter (e.g. 'myapp_')"
+            )
         if self.lease_ttl_s <= 0 or self.sweep_interval_s <= 0:
             raise ConfigurationError("lease_ttl_s and sweep_interval_s must be positive")
         if self.max_message_bytes < 1024:
@@ -97,6 +112,8 @@ class Settings:
                 continue
             if name == "secret_keys":
                 values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
+            elif name == "debug":
+                values[name] = _flag(var, raw)
             elif name == "crash_points":
                 values[name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
             elif isinstance(getattr(cls, name, None), float):
@@ -126,6 +143,18 @@ class Settings:
         in-process system with no configuration should do.
         """
         return self if self.secret_keys else replace(self, secret_keys=(secrets.token_hex(32),))
+
+
+_TABLE_PREFIX = re.compile(r"([a-z][a-z0-9_]{0,19})?")
+
+
+def _flag(var: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"{var}={raw!r} is not a flag: use 1 or 0")
 
 
 def _number(var: str, raw: str, kind: type[float] | type[int]) -> float | int:

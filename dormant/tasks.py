@@ -82,7 +82,7 @@ class Runtime:
         settings = settings.require_secret()  # tools' callback URLs are signed
         client = redis_client(settings)
         prefix = settings.key_prefix
-        store = SQLStore(settings.database_url)
+        store = SQLStore(settings.database_url, table_prefix=settings.table_prefix)
         lease = RedisLease(client, prefix)
         dedup = RedisDedup(client, prefix, settings.dedup_ttl_s)
         marks = RedisWakeMarks(client, prefix, wake_mark_ttl_s(settings))

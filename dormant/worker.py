@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from celery import Celery
-from celery.signals import celeryd_init
+from celery.signals import celeryd_init, worker_init
 from celery.utils.imports import cwd_in_path
 from kombu.entity import Exchange, Queue
 
@@ -197,11 +197,22 @@ def install(
         if getattr(instance, "app", None) is celery_app:
             _consume_ours(celery_app)
 
+    def refuse_without_secret(sender: Any = None, **_: Any) -> None:
+        """A worker of this app without a signing key would fail every slice: it refuses
+        to start, with one line (beat and Flower need no key and are not workers)."""
+        if getattr(sender, "app", None) is not celery_app:
+            return
+        try:
+            resolve().require_secret()
+        except ConfigurationError as error:
+            raise SystemExit(f"error: {error}") from None
+
     if celery_app.configured:
         add_routing()
     else:
         celery_app.on_after_configure.connect(add_routing, weak=False)
     celeryd_init.connect(before_worker, weak=False)
+    worker_init.connect(refuse_without_secret, weak=False)
 
 
 def _settings_resolver(settings: SettingsSource) -> Callable[[], Settings]:

@@ -30,6 +30,14 @@ def temporary_database(prefix: str, unavailable: Callable[[str], None]) -> Itera
     ``unavailable`` is called with the reason when the server cannot be reached: it skips
     locally and fails in CI.
     """
+    with empty_database(prefix, unavailable) as url:
+        upgrade(url)
+        yield url
+
+
+@contextmanager
+def empty_database(prefix: str, unavailable: Callable[[str], None]) -> Iterator[str]:
+    """Create ``{prefix}_<hex>`` with no tables at all, yield its URL, drop it."""
     admin = admin_engine()
     try:
         with admin.connect() as conn:
@@ -40,10 +48,8 @@ def temporary_database(prefix: str, unavailable: Callable[[str], None]) -> Itera
     name = f"{prefix}_{secrets.token_hex(6)}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
-    url = make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     try:
-        upgrade(url)
-        yield url
+        yield make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as conn:
             conn.execute(

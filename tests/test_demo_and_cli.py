@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import re
 from pathlib import Path
 
@@ -32,7 +33,7 @@ def test_the_demo_runs_the_whole_scenario_on_sqlite(tmp_path: Path) -> None:
 def test_help_lists_every_command() -> None:
     result = runner.invoke(app, ["--help"])
     assert result.exit_code == 0
-    for command in ("demo", "db", "threads", "show", "retry"):
+    for command in ("demo", "db", "threads", "show", "retry", "--version", "--debug"):
         assert command in result.output
 
 
@@ -48,11 +49,37 @@ def test_threads_and_show_read_a_database(tmp_path: Path) -> None:
     assert "Build main, and tell me when a PR comes in." in shown.output
 
 
+def test_threads_and_show_print_json_for_scripts(tmp_path: Path) -> None:
+    db = tmp_path / "demo.db"
+    run_demo(Console(file=io.StringIO()), database_path=db)
+    url = f"sqlite:///{db}"
+
+    listed = runner.invoke(app, ["threads", "--json", "--database-url", url])
+    assert listed.exit_code == 0, listed.output
+    records = json.loads(listed.stdout)
+    demo = records[0]
+    assert demo["id"] == "thr_demo" and demo["parent_id"] is None
+    assert demo["status"] == "idle" and demo["agent"] and demo["inbox_pending"] == 0
+    children = [r for r in records if r["parent_id"] == "thr_demo"]
+    assert [c["role"] for c in children] == ["event"]
+
+    shown = runner.invoke(app, ["show", "thr_demo", "--json", "--database-url", url])
+    assert shown.exit_code == 0, shown.output
+    timeline = json.loads(shown.stdout)
+    assert timeline["thread"]["id"] == "thr_demo"
+    first = timeline["items"][0]
+    assert first["seq"] == 1 and first["inherited"] is False
+    assert first["item"]["kind"] == "user"
+    assert "Build main, and tell me when a PR comes in." in first["item"]["text"]
+    kinds = {i["item"]["kind"] for i in timeline["items"]}
+    assert {"user", "assistant", "tool_result"} <= kinds
+
+
 def test_bad_cli_input_gets_a_clear_error(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/empty.db"
     assert runner.invoke(app, ["db", "upgrade", "--database-url", url]).exit_code == 0
     missing = runner.invoke(app, ["show", "thr_nope", "--database-url", url])
-    assert missing.exit_code == 1 and "unknown thread 'thr_nope'" in missing.output
+    assert missing.exit_code == 1 and missing.stderr == "error: unknown thread 'thr_nope'\n"
     status = runner.invoke(app, ["threads", "--status", "sleepy", "--database-url", url])
     assert status.exit_code == 2 and "choose from idle" in status.output
 

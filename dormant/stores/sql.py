@@ -54,28 +54,24 @@ from dormant.stores.base import (
 )
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.sql_rows import (
-    IS_OPEN,
-    IS_PENDING,
+    SCHEMA_OPTION,
     call_record,
-    calls,
-    inbox,
     inbox_row,
     inbox_values,
+    is_open,
+    is_pending,
     item_values,
-    items,
-    outbox,
     outbox_row,
     thread_info,
-    threads,
-    timers,
 )
-from dormant.stores.tables import as_utc
+from dormant.stores.tables import as_utc, schema
 
 __all__ = ["MIGRATIONS_DIR", "VERSION_TABLE", "SQLStore", "make_engine", "upgrade"]
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 VERSION_TABLE = "dormant_alembic_version"
-"""Not ``alembic_version``: an application's own migrations may share the database."""
+"""Not ``alembic_version``: an application's own migrations may share the database. With a
+table prefix it is prefixed too (``myapp_dormant_alembic_version``)."""
 SQLITE_BUSY_TIMEOUT_MS = 5_000
 _SQLITE_BEGIN = "dormant_sqlite_begin"
 
@@ -133,30 +129,33 @@ def _sqlite_begin(conn: Connection) -> None:
     conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get(_SQLITE_BEGIN, 'DEFERRED')}")
 
 
-def _alembic_config(url: URL) -> Config:
-    """Alembic's configuration, built in code: the package ships no ``alembic.ini``."""
+def _alembic_config(url: URL, table_prefix: str) -> Config:
+    """Alembic's configuration, built in code: the package ships no ``alembic.ini``. The
+    migrations read ``table_prefix`` to name every table, index and constraint."""
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("path_separator", "os")
     config.set_main_option(
         "sqlalchemy.url", url.render_as_string(hide_password=False).replace("%", "%%")
     )
-    config.set_main_option("version_table", VERSION_TABLE)
+    config.set_main_option("version_table", table_prefix + VERSION_TABLE)
+    config.set_main_option("table_prefix", table_prefix)
     return config
 
 
-def _migrate(engine: Engine) -> None:
-    config = _alembic_config(engine.url)
+def _migrate(engine: Engine, table_prefix: str = "") -> None:
+    config = _alembic_config(engine.url, table_prefix)
     with engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
 
-def upgrade(database_url: str) -> None:
-    """Bring the database's schema to the newest shipped migration (``dormant db upgrade``)."""
+def upgrade(database_url: str, *, table_prefix: str = "") -> None:
+    """Bring the database's schema to the newest shipped migration (``dormant db upgrade``);
+    ``table_prefix`` names the tables (``Settings.table_prefix``)."""
     engine = make_engine(database_url)
     try:
-        _migrate(engine)
+        _migrate(engine, table_prefix)
     finally:
         engine.dispose()
 
@@ -168,17 +167,20 @@ class SQLStore:
     """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
 
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
-    file and server databases are migrated by ``upgrade()``.
+    file and server databases are migrated by ``upgrade()``. ``table_prefix`` selects the
+    tables (``Settings.table_prefix``): stores with different prefixes share a database
+    without seeing each other.
     """
 
-    def __init__(self, database_url: str, *, echo: bool = False) -> None:
+    def __init__(self, database_url: str, *, echo: bool = False, table_prefix: str = "") -> None:
+        self._schema = schema(table_prefix)
         self._engine = make_engine(database_url, echo=echo)
         self._postgres = self._engine.dialect.name == "postgresql"
         memory = _is_memory(self._engine.url)
         # A StaticPool's one connection must never carry two transactions at once.
         self._serial: AbstractContextManager[Any] = threading.RLock() if memory else nullcontext()
         if memory:
-            _migrate(self._engine)
+            _migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
 
     def on_connection(self, connection: Connection) -> SQLStore:
@@ -194,10 +196,12 @@ class SQLStore:
         """One transaction; ``write`` takes SQLite's lock up front, ``snapshot`` makes
         PostgreSQL reads agree with each other."""
         if self._caller is not None:
+            self._caller.execution_options(**{SCHEMA_OPTION: self._schema})
             with self._caller.begin_nested():
                 yield self._caller
             return
         with self._serial, self._engine.connect() as conn:
+            conn.execution_options(**{SCHEMA_OPTION: self._schema})
             if write:
                 conn.execution_options(**{_SQLITE_BEGIN: "IMMEDIATE"})
             if snapshot and self._postgres:
@@ -216,6 +220,7 @@ class SQLStore:
             return rows.get_thread(conn, thread_id)
 
     def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+        threads = self._schema.threads
         query = select(threads).order_by(threads.c.created_at.desc(), threads.c.id.desc())
         if status is not None:
             query = query.where(threads.c.status == status.value)
@@ -235,6 +240,7 @@ class SQLStore:
     def record_failure(
         self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
     ) -> ThreadInfo:
+        threads = self._schema.threads
         stalls = threads.c.failures + 1 >= stall_after
         return self._update_thread(
             thread_id,
@@ -247,6 +253,7 @@ class SQLStore:
 
     def _update_thread(self, thread_id: str, **values: Any) -> ThreadInfo:
         """Change a thread outside a commit; every change moves the version (fencing)."""
+        threads = self._schema.threads
         stmt = (
             update(threads)
             .where(threads.c.id == thread_id)
@@ -262,6 +269,7 @@ class SQLStore:
     # inbox ---------------------------------------------------------------------------
 
     def enqueue(self, thread_id: str, message_id: str, message: Inbound, priority: int) -> InboxRow:
+        inbox = self._schema.inbox
         values = inbox_values(thread_id, message_id, message, priority, _now())
         try:
             with self._tx(write=True) as conn:
@@ -281,8 +289,9 @@ class SQLStore:
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
     ) -> bool:
+        inbox = self._schema.inbox
         query = select(inbox.c.id).where(
-            inbox.c.thread_id == thread_id, IS_PENDING, inbox.c.id > inbox_id
+            inbox.c.thread_id == thread_id, is_pending(inbox), inbox.c.id > inbox_id
         )
         if user_text_only:
             query = query.where(inbox.c.kind == "user")
@@ -290,6 +299,7 @@ class SQLStore:
             return conn.execute(query.limit(1)).first() is not None
 
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
+        inbox = self._schema.inbox
         query = select(inbox).where(inbox.c.thread_id == thread_id).order_by(inbox.c.id)
         if state is not None:
             query = query.where(inbox.c.state == state.value)
@@ -302,12 +312,16 @@ class SQLStore:
     # slice ---------------------------------------------------------------------------
 
     def load(self, thread_id: str) -> Snapshot:
+        t = self._schema
+        calls, inbox = t.calls, t.inbox
         with self._tx(snapshot=True) as conn:
             info = rows.get_thread(conn, thread_id)
             items = visible_history(rows.ConnectionReader(conn), info)
             call_rows = conn.execute(select(calls).where(calls.c.thread_id == thread_id))
             pending = conn.execute(
-                select(inbox).where(inbox.c.thread_id == thread_id, IS_OPEN).order_by(inbox.c.id)
+                select(inbox)
+                .where(inbox.c.thread_id == thread_id, is_open(inbox))
+                .order_by(inbox.c.id)
             ).mappings()
             return Snapshot(
                 thread=info,
@@ -333,6 +347,7 @@ class SQLStore:
             return rows.children(conn, thread_id)
 
     def call(self, thread_id: str, call_id: str) -> CallRecord:
+        calls = self._schema.calls
         query = select(calls).where(calls.c.thread_id == thread_id, calls.c.call_id == call_id)
         with self._tx() as conn:
             row = conn.execute(query).mappings().first()
@@ -342,6 +357,7 @@ class SQLStore:
             return call_record(row)
 
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
+        items = self._schema.items
         now = _now()
         with self._tx(write=True) as conn:
             if not rows.advance_thread(conn, commit, now):
@@ -370,6 +386,7 @@ class SQLStore:
 
     def _stamp_unran(self, outbox_ids: list[int], column: str) -> None:
         """Set ``column`` to now on rows no worker has run yet (a ran row is final)."""
+        outbox = self._schema.outbox
         if not outbox_ids:
             return
         with self._tx(write=True) as conn:
@@ -383,6 +400,7 @@ class SQLStore:
 
     def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
         """Claim due timers and queue their messages, atomically per claim."""
+        timers = self._schema.timers
         now = as_utc(now)
         due = (
             select(timers)
@@ -409,6 +427,7 @@ class SQLStore:
     def undispatched(
         self, older_than: datetime, limit: int = 100, *, lost_before: datetime | None = None
     ) -> list[OutboxRow]:
+        outbox = self._schema.outbox
         # A row that ran is never stranded, even if its dispatch stamp lost the race
         # against the (fast) tool run.
         stranded = and_(
@@ -428,11 +447,13 @@ class SQLStore:
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads with rows no slice has looked at, the longest-waiting first; stalled
         ones wait for ``retry``."""
+        t = self._schema
+        threads, inbox = t.threads, t.inbox
         query = (
             select(inbox.c.thread_id)
             .join(threads, threads.c.id == inbox.c.thread_id)
             .where(
-                IS_PENDING,
+                is_pending(inbox),
                 threads.c.status != ThreadStatus.STALLED.value,
                 *(
                     []
@@ -448,6 +469,7 @@ class SQLStore:
             return list(conn.execute(query).scalars())
 
     def next_timer_due(self) -> datetime | None:
+        timers = self._schema.timers
         query = (
             select(timers.c.due_at)
             .where(timers.c.fired_at.is_(None))

@@ -35,14 +35,12 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
-from dormant.stores.tables import metadata
+from dormant.stores.tables import Schema, schema
 
 __all__ = [
-    "IS_OPEN",
-    "IS_PENDING",
+    "SCHEMA_OPTION",
     "advance_thread",
     "call_record",
-    "calls",
     "cancel_timers",
     "check_inbound",
     "children",
@@ -52,38 +50,47 @@ __all__ = [
     "enqueue_elsewhere",
     "finish_rows",
     "get_thread",
-    "inbox",
     "inbox_row",
     "inbox_values",
     "insert_for",
     "insert_inbox_ignoring_duplicates",
     "insert_outbox",
     "insert_timers",
+    "is_open",
+    "is_pending",
     "is_unique_violation",
     "item_values",
-    "items",
-    "outbox",
     "outbox_row",
     "own_items",
     "stored_item",
+    "tables",
     "thread_info",
-    "threads",
     "upsert_calls",
 ]
 
-threads: Table = metadata.tables["threads"]
-items: Table = metadata.tables["items"]
-calls: Table = metadata.tables["calls"]
-inbox: Table = metadata.tables["inbox"]
-outbox: Table = metadata.tables["outbox"]
-timers: Table = metadata.tables["timers"]
-
 Row = RowMapping
-IS_PENDING = inbox.c.state == literal_column(f"'{InboxState.PENDING.value}'")
-IS_OPEN = inbox.c.state.in_([InboxState.PENDING.value, InboxState.DEFERRED.value])
-"""Rows a slice still has to decide on: pending, or deferred by an earlier slice."""
-"""Written as a literal, not a bound parameter, so the partial index ``ix_inbox_pending``
-stays usable by prepared (generic) plans."""
+
+SCHEMA_OPTION = "dormant_schema"
+"""The execution option naming the ``Schema`` (table prefix) of a connection's store."""
+
+
+def tables(conn: Connection) -> Schema:
+    """The tables of the store that opened ``conn``: ``SQLStore`` sets them on every
+    connection (as SQLAlchemy's ``schema_translate_map`` travels), so every statement here
+    honours ``DORMANT_TABLE_PREFIX``. A connection without the option gets no prefix."""
+    found: Schema | None = conn.get_execution_options().get(SCHEMA_OPTION)
+    return found if found is not None else schema("")
+
+
+def is_pending(inbox: Table) -> Any:
+    """Written as a literal, not a bound parameter, so the partial index ``ix_inbox_pending``
+    stays usable by prepared (generic) plans."""
+    return inbox.c.state == literal_column(f"'{InboxState.PENDING.value}'")
+
+
+def is_open(inbox: Table) -> Any:
+    """Rows a slice still has to decide on: pending, or deferred by an earlier slice."""
+    return inbox.c.state.in_([InboxState.PENDING.value, InboxState.DEFERRED.value])
 
 
 def thread_values(thread: NewThread, now: datetime) -> dict[str, Any]:
@@ -235,6 +242,7 @@ def insert_for(conn: Connection, table: Table) -> postgresql.Insert | sqlite.Ins
 
 def get_thread(conn: Connection, thread_id: str, *, share: bool = False) -> ThreadInfo:
     """The thread or ``UnknownThread``; ``share`` holds off concurrent commits to it."""
+    threads = tables(conn).threads
     query = select(threads).where(threads.c.id == thread_id)
     if share:
         query = query.with_for_update(read=True)
@@ -246,6 +254,8 @@ def get_thread(conn: Connection, thread_id: str, *, share: bool = False) -> Thre
 
 def create_thread(conn: Connection, thread: NewThread, now: datetime) -> ThreadInfo:
     """Insert a thread; the primary key, not a prior read, decides that it is new."""
+    t = tables(conn)
+    threads, items = t.threads, t.items
     stmt = (
         insert_for(conn, threads)
         .values(thread_values(thread, now))
@@ -263,6 +273,7 @@ def create_thread(conn: Connection, thread: NewThread, now: datetime) -> ThreadI
 
 def insert_inbox_ignoring_duplicates(conn: Connection, values: dict[str, Any]) -> InboxRow | None:
     """The new row, or None when the thread already received that message id."""
+    inbox = tables(conn).inbox
     stmt = (
         insert_for(conn, inbox)
         .values(values)
@@ -274,6 +285,7 @@ def insert_inbox_ignoring_duplicates(conn: Connection, values: dict[str, Any]) -
 
 
 def upsert_calls(conn: Connection, thread_id: str, records: list[CallRecord]) -> None:
+    calls = tables(conn).calls
     if not records:
         return
     stmt = insert_for(conn, calls)
@@ -293,7 +305,8 @@ def finish_rows(
     deferred: list[int],
 ) -> None:
     """Mark a slice's inbox rows done, rejected or deferred; finished rows stay as they are."""
-    mine = (inbox.c.thread_id == thread_id, IS_OPEN)
+    inbox = tables(conn).inbox
+    mine = (inbox.c.thread_id == thread_id, is_open(inbox))
     if deferred:
         conn.execute(
             update(inbox)
@@ -315,6 +328,7 @@ def finish_rows(
 def insert_outbox(
     conn: Connection, thread_id: str, call_id: str, action: str, now: datetime
 ) -> OutboxRow:
+    outbox = tables(conn).outbox
     values = {"thread_id": thread_id, "call_id": call_id, "action": action, "created_at": now}
     row = conn.execute(outbox.insert().values(values).returning(*outbox.c))
     return outbox_row(row.mappings().one())
@@ -322,6 +336,7 @@ def insert_outbox(
 
 def insert_timers(conn: Connection, thread_id: str, new: list[NewTimer]) -> None:
     """Insert timers; one whose (thread_id, message_id) exists already is ignored."""
+    timers = tables(conn).timers
     if new:
         stmt = insert_for(conn, timers).on_conflict_do_nothing(
             index_elements=["thread_id", "message_id"]
@@ -330,6 +345,7 @@ def insert_timers(conn: Connection, thread_id: str, new: list[NewTimer]) -> None
 
 
 def cancel_timers(conn: Connection, thread_id: str, call_ids: list[str]) -> None:
+    timers = tables(conn).timers
     if call_ids:
         conn.execute(
             timers.delete().where(
@@ -342,6 +358,7 @@ def cancel_timers(conn: Connection, thread_id: str, call_ids: list[str]) -> None
 
 def claim_timer(conn: Connection, timer_id: int, now: datetime) -> bool:
     """Set ``fired_at`` unless another sweeper already did: the claim is the UPDATE."""
+    timers = tables(conn).timers
     stmt = (
         update(timers)
         .where(timers.c.id == timer_id, timers.c.fired_at.is_(None))
@@ -357,6 +374,7 @@ def enqueue_elsewhere(
     skipped (threads are never deleted, so reading the targets first is race-free)."""
     if not entries:
         return
+    threads = tables(conn).threads
     targets = {thread_id for thread_id, *_ in entries}
     known = set(conn.execute(select(threads.c.id).where(threads.c.id.in_(targets))).scalars())
     for thread_id, message_id, message, priority in entries:
@@ -367,6 +385,7 @@ def enqueue_elsewhere(
 
 def check_inbound(conn: Connection, thread_id: str, message: Inbound) -> None:
     """Refuse a message the thread can never accept (the sender sees why)."""
+    calls = tables(conn).calls
     if get_thread(conn, thread_id, share=True).status is ThreadStatus.CLOSED:
         raise ThreadClosed(thread_id)
     if isinstance(message, UserMessage):
@@ -384,6 +403,7 @@ def check_inbound(conn: Connection, thread_id: str, message: Inbound) -> None:
 
 def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
     """The version guard and the thread's new state, in one statement."""
+    threads = tables(conn).threads
     seen = threads.c.inbox_seen
     values: dict[str, Any] = {
         "version": threads.c.version + 1,
@@ -432,6 +452,7 @@ class ConnectionReader:
 
 
 def own_items(conn: Connection, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+    items = tables(conn).items
     query = select(items).where(items.c.thread_id == thread_id).order_by(items.c.seq)
     if upto_seq is not None:
         query = query.where(items.c.seq <= upto_seq)
@@ -440,6 +461,7 @@ def own_items(conn: Connection, thread_id: str, upto_seq: int | None = None) -> 
 
 def children(conn: Connection, thread_id: str) -> list[ThreadInfo]:
     """Direct children, oldest first."""
+    threads = tables(conn).threads
     query = (
         select(threads)
         .where(threads.c.parent_id == thread_id)
@@ -451,6 +473,7 @@ def children(conn: Connection, thread_id: str) -> list[ThreadInfo]:
 def close_descendants(conn: Connection, thread_id: str, now: datetime) -> list[OutboxRow]:
     """Close every open descendant (depth first, oldest child first), cancelling their live
     subscriptions; the "cancel" outbox rows let the tools' hooks stop their streams."""
+    threads = tables(conn).threads
     cancelled: list[OutboxRow] = []
     for child in children(conn, thread_id):
         if child.status is not ThreadStatus.CLOSED:
@@ -469,6 +492,7 @@ def close_descendants(conn: Connection, thread_id: str, now: datetime) -> list[O
 
 
 def _cancel_subscriptions(conn: Connection, thread_id: str, now: datetime) -> list[OutboxRow]:
+    calls = tables(conn).calls
     live = (CallState.PENDING.value, CallState.SUBSCRIBED.value)
     mine = (calls.c.thread_id == thread_id, calls.c.subscription.is_(True))
     call_ids = list(

@@ -1,9 +1,13 @@
 """The SQL schema of the history store (DESIGN section 3), as SQLModel tables.
 
-The tables live in their own registry and ``MetaData`` (``metadata`` below), not in the
-global ``SQLModel.metadata``: an application that also uses SQLModel must not see dormant's
-tables in its own migrations, nor dormant see theirs. Constraint names come from a naming
-convention so the shipped migrations name them identically on SQLite and PostgreSQL.
+The columns are declared once, as SQLModel models (``ThreadColumns``...). ``schema(prefix)``
+makes them tables named ``{prefix}threads``... in a registry and ``MetaData`` of their own,
+built once per prefix: an application sharing the database (or another dormant deployment
+with another ``DORMANT_TABLE_PREFIX``) never collides with them, and an application that
+also uses SQLModel never sees dormant's tables in its own migrations. ``metadata`` is the
+unprefixed schema. Constraint and index names come from a naming convention (explicit
+names carry the prefix too), so the shipped migrations name them identically on SQLite
+and PostgreSQL, where index names must be unique per database schema.
 
 Item and message payloads are stored as the JSON their ``TypeAdapter`` produces: the stored
 shape is the in-memory shape (STYLE rule 3).
@@ -11,6 +15,9 @@ shape is the in-memory shape (STYLE rule 3).
 
 from __future__ import annotations
 
+import functools
+import types
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -25,23 +32,27 @@ from sqlalchemy import (
     MetaData,
     PrimaryKeyConstraint,
     String,
+    Table,
     Text,
     UniqueConstraint,
     text,
 )
 from sqlalchemy.orm import registry
+from sqlalchemy.schema import SchemaItem
 from sqlalchemy.types import TypeDecorator
 from sqlmodel import Field, SQLModel
 
 __all__ = [
-    "CallTable",
-    "InboxTable",
-    "ItemTable",
-    "OutboxTable",
-    "ThreadTable",
-    "TimerTable",
+    "CallColumns",
+    "InboxColumns",
+    "ItemColumns",
+    "OutboxColumns",
+    "Schema",
+    "ThreadColumns",
+    "TimerColumns",
     "UTCDateTime",
     "metadata",
+    "schema",
 ]
 
 NAMING_CONVENTION = {
@@ -50,9 +61,6 @@ NAMING_CONVENTION = {
     "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
     "pk": "pk_%(table_name)s",
 }
-
-metadata = MetaData(naming_convention=NAMING_CONVENTION)
-"""dormant's own schema, separate from any application's SQLModel tables."""
 
 
 class UTCDateTime(TypeDecorator[datetime]):
@@ -88,15 +96,8 @@ def as_utc(value: datetime) -> datetime:
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
 
-class _Table(SQLModel, registry=registry(metadata=metadata)):
-    """The abstract base binding dormant's tables to ``metadata``."""
-
-
-class ThreadTable(_Table, table=True):
+class ThreadColumns(SQLModel):
     """One conversation; ``version`` fences every write (the commit's optimistic lock)."""
-
-    __tablename__ = "threads"
-    __table_args__ = (Index(None, "created_at", "id"),)
 
     id: str = Field(sa_type=String, primary_key=True)
     agent: str = Field(sa_type=String)
@@ -119,15 +120,8 @@ class ThreadTable(_Table, table=True):
     updated_at: datetime = Field(sa_type=UTCDateTime)
 
 
-class ItemTable(_Table, table=True):
+class ItemColumns(SQLModel):
     """One history entry; append-only. ``message_id`` is NULL for items with no message."""
-
-    __tablename__ = "items"
-    __table_args__ = (
-        PrimaryKeyConstraint("thread_id", "seq"),
-        UniqueConstraint("thread_id", "message_id"),
-        ForeignKeyConstraint(["thread_id"], ["threads.id"]),
-    )
 
     thread_id: str = Field(sa_type=String)
     seq: int = Field(sa_type=Integer)
@@ -136,14 +130,8 @@ class ItemTable(_Table, table=True):
     message_id: str | None = Field(default=None, sa_type=String)
 
 
-class CallTable(_Table, table=True):
+class CallColumns(SQLModel):
     """Every tool call a thread made: routes results and events even after compaction."""
-
-    __tablename__ = "calls"
-    __table_args__ = (
-        PrimaryKeyConstraint("thread_id", "call_id"),
-        ForeignKeyConstraint(["thread_id"], ["threads.id"]),
-    )
 
     thread_id: str = Field(sa_type=String)
     call_id: str = Field(sa_type=String)
@@ -155,23 +143,8 @@ class CallTable(_Table, table=True):
     passive: bool = Field(default=False)
 
 
-class InboxTable(_Table, table=True):
+class InboxColumns(SQLModel):
     """A thread's input queue; unique (thread_id, message_id) is the durable dedup."""
-
-    __tablename__ = "inbox"
-    __table_args__ = (
-        UniqueConstraint("thread_id", "message_id"),
-        ForeignKeyConstraint(["thread_id"], ["threads.id"]),
-        Index(
-            "ix_inbox_pending",
-            "thread_id",
-            "id",
-            postgresql_where=text("state = 'pending'"),
-            sqlite_where=text("state = 'pending'"),
-        ),
-        # AUTOINCREMENT: ids never go back, even after the newest row is deleted.
-        {"sqlite_autoincrement": True},
-    )
 
     id: int | None = Field(default=None, sa_type=BigId, primary_key=True)
     thread_id: str = Field(sa_type=String)
@@ -184,26 +157,8 @@ class InboxTable(_Table, table=True):
     created_at: datetime = Field(sa_type=UTCDateTime)
 
 
-class OutboxTable(_Table, table=True):
+class OutboxColumns(SQLModel):
     """Tool calls to dispatch, written with the turn that made them."""
-
-    __tablename__ = "outbox"
-    __table_args__ = (
-        ForeignKeyConstraint(["thread_id"], ["threads.id"]),
-        Index(
-            "ix_outbox_undispatched",
-            "created_at",
-            postgresql_where=text("dispatched_at IS NULL"),
-            sqlite_where=text("dispatched_at IS NULL"),
-        ),
-        Index(
-            "ix_outbox_unran",
-            "dispatched_at",
-            postgresql_where=text("ran_at IS NULL"),
-            sqlite_where=text("ran_at IS NULL"),
-        ),
-        {"sqlite_autoincrement": True},
-    )
 
     id: int | None = Field(default=None, sa_type=BigId, primary_key=True)
     thread_id: str = Field(sa_type=String)
@@ -214,21 +169,8 @@ class OutboxTable(_Table, table=True):
     ran_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
-class TimerTable(_Table, table=True):
+class TimerColumns(SQLModel):
     """A message to enqueue at ``due_at``, under a stable ``message_id``."""
-
-    __tablename__ = "timers"
-    __table_args__ = (
-        UniqueConstraint("thread_id", "message_id"),
-        ForeignKeyConstraint(["thread_id"], ["threads.id"]),
-        Index(
-            "ix_timers_unfired",
-            "due_at",
-            postgresql_where=text("fired_at IS NULL"),
-            sqlite_where=text("fired_at IS NULL"),
-        ),
-        {"sqlite_autoincrement": True},
-    )
 
     id: int | None = Field(default=None, sa_type=BigId, primary_key=True)
     thread_id: str = Field(sa_type=String)
@@ -237,3 +179,88 @@ class TimerTable(_Table, table=True):
     message_id: str = Field(sa_type=String)
     message: dict[str, Any] = Field(sa_type=JSON)
     fired_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+
+
+# The tables, per prefix ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Schema:
+    """dormant's tables under one prefix, in a ``MetaData`` of their own."""
+
+    prefix: str
+    metadata: MetaData
+    threads: Table
+    items: Table
+    calls: Table
+    inbox: Table
+    outbox: Table
+    timers: Table
+
+
+@functools.cache
+def schema(prefix: str = "") -> Schema:
+    """The tables named ``{prefix}threads``...; built once per prefix (``Table`` objects
+    belong to one ``MetaData``, so each prefix needs its own)."""
+    md = MetaData(naming_convention=NAMING_CONVENTION)
+    base = types.new_class("_Table", (SQLModel,), {"registry": registry(metadata=md)})
+
+    def table(columns: type[SQLModel], name: str, *args: SchemaItem | dict[str, Any]) -> Table:
+        body = {"__tablename__": prefix + name, "__table_args__": args}
+        types.new_class(
+            f"{name.title()}Table", (columns, base), {"table": True}, lambda ns: ns.update(body)
+        )
+        return md.tables[prefix + name]
+
+    def thread_fk() -> ForeignKeyConstraint:
+        return ForeignKeyConstraint(["thread_id"], [f"{prefix}threads.id"])
+
+    def partial(name: str, *columns: str, where: str) -> Index:
+        clause = text(where)
+        return Index(f"ix_{prefix}{name}", *columns, postgresql_where=clause, sqlite_where=clause)
+
+    # AUTOINCREMENT on SQLite: ids never go back, even after the newest row is deleted.
+    autoincrement = {"sqlite_autoincrement": True}
+    return Schema(
+        prefix=prefix,
+        metadata=md,
+        threads=table(ThreadColumns, "threads", Index(None, "created_at", "id")),
+        items=table(
+            ItemColumns,
+            "items",
+            PrimaryKeyConstraint("thread_id", "seq"),
+            UniqueConstraint("thread_id", "message_id"),
+            thread_fk(),
+        ),
+        calls=table(
+            CallColumns, "calls", PrimaryKeyConstraint("thread_id", "call_id"), thread_fk()
+        ),
+        inbox=table(
+            InboxColumns,
+            "inbox",
+            UniqueConstraint("thread_id", "message_id"),
+            thread_fk(),
+            partial("inbox_pending", "thread_id", "id", where="state = 'pending'"),
+            autoincrement,
+        ),
+        outbox=table(
+            OutboxColumns,
+            "outbox",
+            thread_fk(),
+            partial("outbox_undispatched", "created_at", where="dispatched_at IS NULL"),
+            partial("outbox_unran", "dispatched_at", where="ran_at IS NULL"),
+            autoincrement,
+        ),
+        timers=table(
+            TimerColumns,
+            "timers",
+            UniqueConstraint("thread_id", "message_id"),
+            thread_fk(),
+            partial("timers_unfired", "due_at", where="fired_at IS NULL"),
+            autoincrement,
+        ),
+    )
+
+
+metadata = schema("").metadata
+"""dormant's unprefixed schema, separate from any application's SQLModel tables."""

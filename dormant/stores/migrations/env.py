@@ -2,7 +2,8 @@
 
 Run through ``dormant.stores.sql.upgrade()``, which hands over an open connection in
 ``config.attributes["connection"]``; with none, an engine is built from ``sqlalchemy.url``.
-Only dormant's own tables are compared, so an application may share the database.
+Only dormant's own tables are compared, so an application may share the database. The
+``table_prefix`` option (``Settings.table_prefix``) names the tables and the version table.
 """
 
 from __future__ import annotations
@@ -13,22 +14,24 @@ from alembic import context
 from sqlalchemy import Connection, text
 
 from dormant.stores.sql import VERSION_TABLE, make_engine
-from dormant.stores.tables import metadata
+from dormant.stores.tables import schema
 
 # Any constant works, as long as it is the same in every process that migrates.
 _MIGRATION_LOCK_KEY = 0x646F726D616E74  # "dormant"
 
 
-def _include_name(name: str | None, type_: str, _parents: dict[str, Any]) -> bool:
-    """Autogenerate looks at dormant's tables only, never an application's."""
-    return type_ != "table" or name in metadata.tables
-
-
 def _options() -> dict[str, Any]:
+    prefix = context.config.get_main_option("table_prefix") or ""
+    metadata = schema(prefix).metadata
+
+    def include_name(name: str | None, type_: str, _parents: dict[str, Any]) -> bool:
+        """Autogenerate looks at this prefix's tables only, never an application's."""
+        return type_ != "table" or name in metadata.tables
+
     return {
         "target_metadata": metadata,
-        "version_table": context.config.get_main_option("version_table") or VERSION_TABLE,
-        "include_name": _include_name,
+        "version_table": context.config.get_main_option("version_table") or prefix + VERSION_TABLE,
+        "include_name": include_name,
         "render_as_batch": True,  # SQLite alters tables by copying them
         "compare_type": True,
     }

@@ -1,7 +1,8 @@
 """The initial schema: threads, items, calls, inbox, outbox, timers.
 
 Compaction summaries are items (kind ``summary``) at their own position, so they need
-no table of their own.
+no table of their own. Every table, index and constraint name carries the deployment's
+table prefix (the ``table_prefix`` option; empty by default).
 
 Revision ID: 0001
 Revises:
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import sqlalchemy as sa
-from alembic import op
+from alembic import context, op
 
 revision: str = "0001"
 down_revision: str | Sequence[str] | None = None
@@ -25,16 +26,21 @@ _ID = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 _AT = sa.DateTime(timezone=True)
 
 
+def _t(name: str) -> str:
+    """A table's name under the deployment's prefix."""
+    return (context.config.get_main_option("table_prefix") or "") + name
+
+
 def _thread_fk(table: str) -> sa.ForeignKeyConstraint:
     return sa.ForeignKeyConstraint(
-        ["thread_id"], ["threads.id"], name=f"fk_{table}_thread_id_threads"
+        ["thread_id"], [f"{_t('threads')}.id"], name=f"fk_{_t(table)}_thread_id_{_t('threads')}"
     )
 
 
 def _partial(name: str, table: str, columns: list[str], where: str) -> None:
     op.create_index(
-        name,
-        table,
+        f"ix_{_t(name)}",
+        _t(table),
         columns,
         postgresql_where=sa.text(where),
         sqlite_where=sa.text(where),
@@ -43,7 +49,7 @@ def _partial(name: str, table: str, columns: list[str], where: str) -> None:
 
 def upgrade() -> None:
     op.create_table(
-        "threads",
+        _t("threads"),
         sa.Column("id", sa.String(), nullable=False),
         sa.Column("agent", sa.String(), nullable=False),
         sa.Column("parent_id", sa.String(), nullable=True),
@@ -60,25 +66,27 @@ def upgrade() -> None:
         sa.Column("usage", sa.JSON(), nullable=False),
         sa.Column("created_at", _AT, nullable=False),
         sa.Column("updated_at", _AT, nullable=False),
-        sa.PrimaryKeyConstraint("id", name="pk_threads"),
+        sa.PrimaryKeyConstraint("id", name=f"pk_{_t('threads')}"),
     )
-    op.create_index("ix_threads_parent_id", "threads", ["parent_id"])
-    op.create_index("ix_threads_created_at_id", "threads", ["created_at", "id"])
+    op.create_index(f"ix_{_t('threads')}_parent_id", _t("threads"), ["parent_id"])
+    op.create_index(f"ix_{_t('threads')}_created_at_id", _t("threads"), ["created_at", "id"])
 
     op.create_table(
-        "items",
+        _t("items"),
         sa.Column("thread_id", sa.String(), nullable=False),
         sa.Column("seq", sa.Integer(), nullable=False),
         sa.Column("kind", sa.String(), nullable=False),
         sa.Column("data", sa.JSON(), nullable=False),
         sa.Column("message_id", sa.String(), nullable=True),
-        sa.PrimaryKeyConstraint("thread_id", "seq", name="pk_items"),
-        sa.UniqueConstraint("thread_id", "message_id", name="uq_items_thread_id_message_id"),
+        sa.PrimaryKeyConstraint("thread_id", "seq", name=f"pk_{_t('items')}"),
+        sa.UniqueConstraint(
+            "thread_id", "message_id", name=f"uq_{_t('items')}_thread_id_message_id"
+        ),
         _thread_fk("items"),
     )
 
     op.create_table(
-        "calls",
+        _t("calls"),
         sa.Column("thread_id", sa.String(), nullable=False),
         sa.Column("call_id", sa.String(), nullable=False),
         sa.Column("name", sa.String(), nullable=False),
@@ -87,12 +95,12 @@ def upgrade() -> None:
         sa.Column("state", sa.String(), nullable=False),
         sa.Column("subscription", sa.Boolean(), nullable=False),
         sa.Column("passive", sa.Boolean(), nullable=False),
-        sa.PrimaryKeyConstraint("thread_id", "call_id", name="pk_calls"),
+        sa.PrimaryKeyConstraint("thread_id", "call_id", name=f"pk_{_t('calls')}"),
         _thread_fk("calls"),
     )
 
     op.create_table(
-        "inbox",
+        _t("inbox"),
         sa.Column("id", _ID, autoincrement=True, nullable=False),
         sa.Column("thread_id", sa.String(), nullable=False),
         sa.Column("message_id", sa.String(), nullable=False),
@@ -102,15 +110,17 @@ def upgrade() -> None:
         sa.Column("state", sa.String(), nullable=False),
         sa.Column("reason", sa.Text(), nullable=False),
         sa.Column("created_at", _AT, nullable=False),
-        sa.PrimaryKeyConstraint("id", name="pk_inbox"),
-        sa.UniqueConstraint("thread_id", "message_id", name="uq_inbox_thread_id_message_id"),
+        sa.PrimaryKeyConstraint("id", name=f"pk_{_t('inbox')}"),
+        sa.UniqueConstraint(
+            "thread_id", "message_id", name=f"uq_{_t('inbox')}_thread_id_message_id"
+        ),
         _thread_fk("inbox"),
         sqlite_autoincrement=True,
     )
-    _partial("ix_inbox_pending", "inbox", ["thread_id", "id"], "state = 'pending'")
+    _partial("inbox_pending", "inbox", ["thread_id", "id"], "state = 'pending'")
 
     op.create_table(
-        "outbox",
+        _t("outbox"),
         sa.Column("id", _ID, autoincrement=True, nullable=False),
         sa.Column("thread_id", sa.String(), nullable=False),
         sa.Column("call_id", sa.String(), nullable=False),
@@ -118,15 +128,15 @@ def upgrade() -> None:
         sa.Column("created_at", _AT, nullable=False),
         sa.Column("dispatched_at", _AT, nullable=True),
         sa.Column("ran_at", _AT, nullable=True),
-        sa.PrimaryKeyConstraint("id", name="pk_outbox"),
+        sa.PrimaryKeyConstraint("id", name=f"pk_{_t('outbox')}"),
         _thread_fk("outbox"),
         sqlite_autoincrement=True,
     )
-    _partial("ix_outbox_undispatched", "outbox", ["created_at"], "dispatched_at IS NULL")
-    _partial("ix_outbox_unran", "outbox", ["dispatched_at"], "ran_at IS NULL")
+    _partial("outbox_undispatched", "outbox", ["created_at"], "dispatched_at IS NULL")
+    _partial("outbox_unran", "outbox", ["dispatched_at"], "ran_at IS NULL")
 
     op.create_table(
-        "timers",
+        _t("timers"),
         sa.Column("id", _ID, autoincrement=True, nullable=False),
         sa.Column("thread_id", sa.String(), nullable=False),
         sa.Column("call_id", sa.String(), nullable=False),
@@ -134,17 +144,19 @@ def upgrade() -> None:
         sa.Column("message_id", sa.String(), nullable=False),
         sa.Column("message", sa.JSON(), nullable=False),
         sa.Column("fired_at", _AT, nullable=True),
-        sa.PrimaryKeyConstraint("id", name="pk_timers"),
-        sa.UniqueConstraint("thread_id", "message_id", name="uq_timers_thread_id_message_id"),
+        sa.PrimaryKeyConstraint("id", name=f"pk_{_t('timers')}"),
+        sa.UniqueConstraint(
+            "thread_id", "message_id", name=f"uq_{_t('timers')}_thread_id_message_id"
+        ),
         _thread_fk("timers"),
         sqlite_autoincrement=True,
     )
-    _partial("ix_timers_unfired", "timers", ["due_at"], "fired_at IS NULL")
+    _partial("timers_unfired", "timers", ["due_at"], "fired_at IS NULL")
 
 
 def downgrade() -> None:
     for table in ("timers", "outbox", "inbox", "calls", "items"):
-        op.drop_table(table)
-    op.drop_index("ix_threads_created_at_id", table_name="threads")
-    op.drop_index("ix_threads_parent_id", table_name="threads")
-    op.drop_table("threads")
+        op.drop_table(_t(table))
+    op.drop_index(f"ix_{_t('threads')}_created_at_id", table_name=_t("threads"))
+    op.drop_index(f"ix_{_t('threads')}_parent_id", table_name=_t("threads"))
+    op.drop_table(_t("threads"))
