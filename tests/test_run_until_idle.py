@@ -62,4 +62,3 @@ def test_run_until_idle_reports_nothing_when_every_thread_finished() -> None:
         system.launch("sometimes", "hello")
         report = system.run_until_idle()
     assert report.ok and report.failed == ()
-
