@@ -9,6 +9,7 @@ only when a ``Client`` is built, through functions of ``dormant.worker`` and
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
@@ -17,7 +18,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from dormant.agents import AgentRegistry
-from dormant.errors import DuplicateMessage, PayloadTooLarge, ThreadBusy
+from dormant.errors import CallAnswered, DuplicateMessage, PayloadTooLarge, ThreadBusy
 from dormant.history import pending
 from dormant.messages import (
     Event,
@@ -29,6 +30,7 @@ from dormant.messages import (
 )
 from dormant.settings import Settings
 from dormant.stores.base import (
+    CallState,
     DedupSet,
     Lease,
     NewThread,
@@ -46,6 +48,8 @@ if TYPE_CHECKING:
     from dormant.stores.redis import RedisEvents
 
 __all__ = ["BaseClient", "Client", "Waker"]
+
+log = logging.getLogger("dormant.client")
 
 Waker = Callable[[str, int], None]
 """Arranges a slice for (thread_id, priority)."""
@@ -132,8 +136,22 @@ class BaseClient(ABC):
             self.verify_token(thread_id, call_id, token)
         content = as_text(result)
         self._check_size(thread_id, content)
+        message_id = message_id or new_message_id()
+        self._refuse_second_result(thread_id, call_id, message_id)
         message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
         return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND)
+
+    def _refuse_second_result(self, thread_id: str, call_id: str, message_id: str) -> None:
+        """``CallAnswered`` for a new result on an answered call, which would change
+        nothing; ``DuplicateMessage`` if it is the answer itself arriving again."""
+        call = self.store.call(thread_id, call_id)
+        if call.state is not CallState.ANSWERED or call.subscription:
+            return  # pending, a subscription (events), or interrupted (a late result)
+        if self.dedup.seen(thread_id, message_id) or any(
+            row.message_id == message_id for row in self.store.inbox(thread_id)
+        ):
+            raise DuplicateMessage(thread_id, message_id)
+        raise CallAnswered(thread_id, call_id, message_id)
 
     def verify_token(self, thread_id: str, call_id: str, token: str) -> None:
         """Raise ``InvalidToken`` unless ``token`` is a live capability for this call."""
@@ -197,9 +215,13 @@ class BaseClient(ABC):
     ) -> None:
         # A re-dispatched tool answering twice: the first answer stands.
         with contextlib.suppress(DuplicateMessage):
-            self.deliver(
-                thread_id, call_id, content, message_id=f"result:{call_id}", is_error=is_error
-            )
+            try:
+                self.deliver(
+                    thread_id, call_id, content, message_id=f"result:{call_id}", is_error=is_error
+                )
+            except CallAnswered as refused:
+                # Answered meanwhile by someone else (an operator's deliver): theirs stands.
+                log.warning("tool result dropped: %s", refused)
 
     def tool_event(
         self,

@@ -143,8 +143,8 @@ class CallAnswered(MessageRejected):
 
     def __init__(self, thread_id: str, call_id: str, message_id: str) -> None:
         super().__init__(
-            f"call {call_id!r} of thread {thread_id!r} already has its result; "
-            f"message {message_id!r} is refused (only a subscription takes more than one)"
+            f"message {message_id!r} refused: call {call_id!r} of thread {thread_id!r} "
+            "already has its result (only a subscription takes more than one)"
         )
         self.thread_id = thread_id
         self.call_id = call_id
