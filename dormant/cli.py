@@ -90,11 +90,17 @@ def threads(
 
 @app.command()
 @_reported
-def show(thread_id: str, database_url: str | None = DatabaseOption) -> None:
+def show(
+    thread_id: str,
+    database_url: str | None = DatabaseOption,
+    full: bool = typer.Option(
+        False, "--full", help="Every stored item, including those a summary replaced."
+    ),
+) -> None:
     """A thread's timeline: what its model sees, inherited items dimmed."""
     from dormant.inspect import timeline
 
-    Console().print(timeline(_store(database_url), thread_id))
+    Console().print(timeline(_store(database_url), thread_id, full=full))
 
 
 @app.command()

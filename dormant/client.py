@@ -41,6 +41,7 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.lineage import full_history
 from dormant.tokens import callback_url, parse_callback_url, verify
 from dormant.tools.runner import as_text
 
@@ -190,10 +191,19 @@ class BaseClient(ABC):
 
     # reading ----------------------------------------------------------------------------
 
-    def history(self, thread_id: str) -> list[Item]:
-        return [stored.item for stored in self.store.history(thread_id)]
+    def history(self, thread_id: str, *, full: bool = False) -> list[Item]:
+        """The thread's history as its model sees it: after a compaction, the latest
+        summary and the items after it (a child also sees its parent's, up to its fork).
 
-    def stored_history(self, thread_id: str) -> list[StoredItem]:
+        ``full=True`` gives the whole transcript instead: every item ever stored, in
+        order, including those a summary replaced, each summary where it was made.
+        """
+        return [stored.item for stored in self.stored_history(thread_id, full=full)]
+
+    def stored_history(self, thread_id: str, *, full: bool = False) -> list[StoredItem]:
+        """``history`` with each item's position (``seq``) and message id."""
+        if full:
+            return full_history(self.store, self.store.thread(thread_id))
         return self.store.history(thread_id)
 
     def thread(self, thread_id: str) -> ThreadInfo:

@@ -10,6 +10,7 @@ from rich.tree import Tree
 
 from dormant.history import pending
 from dormant.stores.base import CallState, InboxState, Store, ThreadInfo
+from dormant.stores.lineage import full_history
 from dormant.timeline import render_item
 
 __all__ = ["thread_tree", "timeline"]
@@ -60,11 +61,12 @@ def thread_tree(store: Store, threads: Iterable[ThreadInfo]) -> Tree:
     return tree
 
 
-def timeline(store: Store, thread_id: str) -> Group:
-    """The thread's model-visible history, inherited items dimmed, then its status."""
+def timeline(store: Store, thread_id: str, *, full: bool = False) -> Group:
+    """The thread's status, then its model-visible history (``full``: every stored item,
+    including those a summary replaced), inherited items dimmed."""
     info = store.thread(thread_id)
     lines: list[Text] = [_label(store, info), Text()]
-    for stored in store.history(thread_id):
+    for stored in full_history(store, info) if full else store.history(thread_id):
         inherited = info.fork_seq is not None and stored.seq <= info.fork_seq
         line = Text.assemble((f"#{stored.seq:<4}", "dim"), render_item(stored.item))
         if inherited:
