@@ -36,8 +36,8 @@ class ThreadFailure:
         if self.status is ThreadStatus.STALLED:
             state = f"stalled after {self.failures} failed slice(s); `retry` re-drives it"
         else:
-            when = f" at {self.retry_at:%H:%M:%S} UTC" if self.retry_at else ""
-            state = f"{self.failures} failed slice(s), tried again{when}"
+            when = f" after {self.retry_at:%H:%M:%S} UTC" if self.retry_at else ""
+            state = f"{self.failures} failed slice(s), retried{when}"
         return f"thread {self.thread_id!r} ({state}): {last_line}"
 
 
