@@ -12,7 +12,7 @@ from typing import Any
 
 from dormant.errors import ConfigurationError
 
-__all__ = ["ENV_NAMES", "Settings", "sqlite_file"]
+__all__ = ["ENV_NAMES", "Settings"]
 
 ENV_NAMES = {
     "database_url": "DORMANT_DATABASE_URL",
@@ -139,13 +139,13 @@ class Settings:
         """
         if self.secret_keys:
             return self
-        path = sqlite_file(self.database_url)
+        path = _sqlite_file(self.database_url)
         if path is None:
             return self.with_ephemeral_secret()
         return replace(self, secret_keys=(_key_beside(path),))
 
 
-def sqlite_file(database_url: str) -> Path | None:
+def _sqlite_file(database_url: str) -> Path | None:
     """The file of a SQLite URL, or None (another database, or SQLite in memory)."""
     scheme, sep, rest = database_url.partition(":///")
     if not sep or scheme.split("+")[0] != "sqlite":
