@@ -23,8 +23,11 @@ from dormant.errors import (
     PayloadTooLarge,
 )
 from dormant.tokens import parse_callback_url
+from dormant.tools.runner import as_text
 
 __all__ = ["callback_app"]
+
+MAX_MESSAGE_ID_CHARS = 200
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 WSGIApp = Callable[[dict[str, Any], StartResponse], Iterable[bytes]]
@@ -59,56 +62,86 @@ def callback_app(client: BaseClient) -> WSGIApp:
 
 
 def _deliver(client: BaseClient, environ: dict[str, Any]) -> str:
-    path = environ.get("PATH_INFO", "")
-    query = environ.get("QUERY_STRING", "")
-    thread_id, call_id, token = parse_callback_url(f"{path}?{query}")
+    # One leading slash: "//host/..." would otherwise be read as a network location.
+    path = "/" + str(environ.get("PATH_INFO", "")).lstrip("/")
+    thread_id, call_id, token = parse_callback_url(f"{path}?{environ.get('QUERY_STRING', '')}")
     body = _body(environ, client.settings.max_message_bytes)
-    message_id = environ.get("HTTP_IDEMPOTENCY_KEY") or None
+    message_id = _message_id(environ.get("HTTP_IDEMPOTENCY_KEY") or None, "Idempotency-Key")
     if "json" not in environ.get("CONTENT_TYPE", ""):
-        return client.deliver(thread_id, call_id, body.decode(), message_id=message_id, token=token)
+        return client.deliver(thread_id, call_id, _text(body), message_id=message_id, token=token)
     payload = _json(body)
-    message_id = payload.get("message_id") or message_id
-    if not isinstance(message_id, str | None):
-        raise MalformedMessage("message_id must be a string")
-    if payload.get("event"):
+    message_id = _message_id(payload.get("message_id"), "message_id") or message_id
+    event, associative, final, is_error = (
+        _flag(payload, name) for name in ("event", "associative", "final", "is_error")
+    )
+    result = _result(payload["result"])
+    if event:
         client.verify_token(thread_id, call_id, token)
         return client.send_event(
-            thread_id,
-            call_id,
-            payload.get("result"),
-            associative=bool(payload.get("associative")),
-            final=bool(payload.get("final")),
-            message_id=message_id,
+            thread_id, call_id, result, associative=associative, final=final, message_id=message_id
         )
     return client.deliver(
-        thread_id,
-        call_id,
-        payload.get("result"),
-        message_id=message_id,
-        token=token,
-        is_error=bool(payload.get("is_error")),
+        thread_id, call_id, result, message_id=message_id, token=token, is_error=is_error
     )
 
 
 def _body(environ: dict[str, Any], limit_bytes: int) -> bytes:
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise MalformedMessage("Content-Length is not a number") from None
-    if length > limit_bytes:
-        raise PayloadTooLarge(f"callback body is {length} bytes; the limit is {limit_bytes}")
+    raw = environ.get("CONTENT_LENGTH") or "0"
+    if not (raw.isascii() and raw.isdigit()):
+        raise MalformedMessage(f"Content-Length {raw[:40]!r} is not a byte count")
+    length = int(raw[:20])
+    if len(raw) > 20 or length > limit_bytes:
+        raise PayloadTooLarge(f"callback body is {raw[:40]} bytes; the limit is {limit_bytes}")
     data: bytes = environ["wsgi.input"].read(length)
     return data
+
+
+def _text(body: bytes) -> str:
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise MalformedMessage(
+            f"a plain-text callback body must be UTF-8: {error}; send JSON "
+            '({"result": ...}) with Content-Type: application/json for structured results'
+        ) from None
 
 
 def _json(body: bytes) -> dict[str, Any]:
     try:
         payload = json.loads(body)
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise MalformedMessage(f"callback body is not JSON: {error}") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as error:
+        # ValueError covers JSONDecodeError and integers too long to convert.
+        raise MalformedMessage(f"callback body is not JSON: {str(error)[:200]}") from None
     if not isinstance(payload, dict) or "result" not in payload:
         raise MalformedMessage('callback body must be a JSON object with a "result" key')
     return payload
+
+
+def _result(value: Any) -> str:
+    try:
+        return as_text(value)
+    except (ValueError, RecursionError):
+        raise MalformedMessage('"result" is nested too deeply to store') from None
+
+
+def _flag(payload: dict[str, Any], name: str) -> bool:
+    value = payload.get(name, False)
+    if not isinstance(value, bool):
+        raise MalformedMessage(f'"{name}" must be true or false, not {type(value).__name__}')
+    return value
+
+
+def _message_id(value: object, source: str) -> str | None:
+    """A sender's idempotency key: a short printable string (it is a unique key in SQL)."""
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise MalformedMessage(f"{source} must be a string, not {type(value).__name__}")
+    if len(value) > MAX_MESSAGE_ID_CHARS or not value.isprintable():
+        raise MalformedMessage(
+            f"{source} must be printable and at most {MAX_MESSAGE_ID_CHARS} characters"
+        )
+    return value
 
 
 def _reply(start_response: StartResponse, status: str, body: dict[str, Any]) -> list[bytes]:

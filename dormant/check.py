@@ -30,12 +30,12 @@ from dormant.stores.base import (
     InboxRow,
     InboxState,
     Store,
-    StoredItem,
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.lineage import full_history
 
-__all__ = ["Problem", "check_store", "transcript"]
+__all__ = ["Problem", "check_store"]
 
 _ALL = 10**9
 """``threads(limit=...)`` for every thread: the checker reads the whole store."""
@@ -51,21 +51,6 @@ class Problem:
 
     def __str__(self) -> str:
         return f"{self.thread_id}  {self.rule}: {self.detail}"
-
-
-def transcript(store: Store, thread: ThreadInfo) -> list[StoredItem]:
-    """Everything ``thread`` ever saw, summaries left out: its ancestors' items up to each
-    fork, then its own items."""
-    segments: list[list[StoredItem]] = []
-    current: ThreadInfo | None = thread
-    limit: int | None = None
-    while current is not None:
-        segments.append(store.own_items(current.id, limit))
-        if current.parent_id is None:
-            break
-        limit = current.fork_seq
-        current = store.thread(current.parent_id)
-    return [s for segment in reversed(segments) for s in segment]
 
 
 def check_store(
@@ -100,7 +85,7 @@ def _thread_problems(
         yield problem("message ids", f"stored more than once: {_brief(repeated)}")
 
     calls = store.load(thread.id).calls
-    seen = transcript(store, thread)
+    seen = full_history(store, thread)
     results = Counter(s.item.call_id for s in seen if isinstance(s.item, ToolResult))
     made = [c for s in seen if isinstance(s.item, AssistantTurn) for c in s.item.calls]
     for call in made:

@@ -109,16 +109,21 @@ def threads(
 @app.command()
 @reported
 def show(
-    thread_id: str, database_url: str | None = DatabaseOption, as_json: bool = JsonOption
+    thread_id: str,
+    database_url: str | None = DatabaseOption,
+    as_json: bool = JsonOption,
+    full: bool = typer.Option(
+        False, "--full", help="Every stored item, including those a summary replaced."
+    ),
 ) -> None:
     """A thread's timeline: what its model sees, inherited items dimmed."""
     from dormant.inspect import timeline, timeline_record
 
     with closing(_store(database_url)) as store:
         if as_json:
-            _print_json(timeline_record(store, thread_id))
+            _print_json(timeline_record(store, thread_id, full=full))
         else:
-            _rich(timeline(store, thread_id))
+            _rich(timeline(store, thread_id, full=full))
 
 
 @app.command()

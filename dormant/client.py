@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from dormant.agents import AgentRegistry
 from dormant.errors import (
+    CallAnswered,
     ConfigurationError,
     ControlSignal,
     DuplicateMessage,
@@ -37,6 +38,7 @@ from dormant.messages import (
 )
 from dormant.settings import Settings
 from dormant.stores.base import (
+    CallState,
     DedupSet,
     Lease,
     NewThread,
@@ -47,6 +49,7 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.lineage import full_history
 from dormant.tokens import callback_url, parse_callback_url, verify
 from dormant.tools.runner import as_text
 
@@ -185,8 +188,22 @@ class BaseClient(ABC):
             self.verify_token(thread_id, call_id, token)
         content = as_text(result)
         self._check_size(thread_id, content)
+        message_id = message_id or new_message_id()
+        self._refuse_second_result(thread_id, call_id, message_id)
         message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
         return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND)
+
+    def _refuse_second_result(self, thread_id: str, call_id: str, message_id: str) -> None:
+        """``CallAnswered`` for a new result on an answered call, which would change
+        nothing; ``DuplicateMessage`` if it is the answer itself arriving again."""
+        call = self.store.call(thread_id, call_id)
+        if call.state is not CallState.ANSWERED or call.subscription:
+            return  # pending, a subscription (events), or interrupted (a late result)
+        if self.dedup.seen(thread_id, message_id) or any(
+            row.message_id == message_id for row in self.store.inbox(thread_id)
+        ):
+            raise DuplicateMessage(thread_id, message_id)
+        raise CallAnswered(thread_id, call_id, message_id)
 
     def verify_token(self, thread_id: str, call_id: str, token: str) -> None:
         """Raise ``InvalidToken`` unless ``token`` is a live capability for this call."""
@@ -225,10 +242,19 @@ class BaseClient(ABC):
 
     # reading ----------------------------------------------------------------------------
 
-    def history(self, thread_id: str) -> list[Item]:
-        return [stored.item for stored in self.store.history(thread_id)]
+    def history(self, thread_id: str, *, full: bool = False) -> list[Item]:
+        """The thread's history as its model sees it: after a compaction, the latest
+        summary and the items after it (a child also sees its parent's, up to its fork).
 
-    def stored_history(self, thread_id: str) -> list[StoredItem]:
+        ``full=True`` gives the whole transcript instead: every item ever stored, in
+        order, including those a summary replaced, each summary where it was made.
+        """
+        return [stored.item for stored in self.stored_history(thread_id, full=full)]
+
+    def stored_history(self, thread_id: str, *, full: bool = False) -> list[StoredItem]:
+        """``history`` with each item's position (``seq``) and message id."""
+        if full:
+            return full_history(self.store, self.store.thread(thread_id))
         return self.store.history(thread_id)
 
     def thread(self, thread_id: str) -> ThreadInfo:
@@ -250,9 +276,13 @@ class BaseClient(ABC):
     ) -> None:
         # A re-dispatched tool answering twice: the first answer stands.
         with contextlib.suppress(DuplicateMessage):
-            self.deliver(
-                thread_id, call_id, content, message_id=f"result:{call_id}", is_error=is_error
-            )
+            try:
+                self.deliver(
+                    thread_id, call_id, content, message_id=f"result:{call_id}", is_error=is_error
+                )
+            except CallAnswered as refused:
+                # Answered meanwhile by someone else (an operator's deliver): theirs stands.
+                log.warning("tool result dropped: %s", refused)
 
     def tool_event(
         self,

@@ -7,7 +7,8 @@ refused. Nothing needs a server, a network or an API key.
 
 from __future__ import annotations
 
-import tempfile
+import shlex
+import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -80,75 +81,114 @@ TRIAGE = Agent(
 )
 
 
-def run_demo(console: Console | None = None, database_path: Path | None = None) -> int:
-    """Run the scenario; returns the number of slices run."""
+DEMO_DATABASE = Path("dormant-demo.db")
+"""Where ``dormant demo`` keeps its database (in the current directory), for inspection."""
+
+
+def run_demo(
+    console: Console | None = None,
+    database_path: Path | None = None,
+    command: str | None = None,
+) -> int:
+    """Run the scenario on a fresh SQLite file and keep it; returns the number of slices run.
+
+    ``database_path`` defaults to ``./dormant-demo.db``; a previous demo's file there is
+    replaced. ``command`` is how the user runs dormant, for the inspection commands printed
+    at the end (default: how this process was started).
+    """
     console = console or Console()
-    started_s = time.monotonic()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = database_path or Path(tmp) / "dormant.db"
-        with LocalSystem([TRIAGE], f"sqlite:///{path}") as system:
-            root: list[str] = []
-            _show_live(system, console, root)
-            console.print(Rule("1. a user asks; the agent starts a build and subscribes"))
-            thread_id = "thr_demo"
-            root.append(thread_id)
-            system.launch(
-                "triage", "Build main, and tell me when a PR comes in.", thread_id=thread_id
-            )
-            system.run_until_idle()
-            _idle(system, console, thread_id)
+    path = (database_path or DEMO_DATABASE).resolve()
+    _remove_previous(path)
+    url = f"sqlite:///{path}"
+    with LocalSystem([TRIAGE], url) as system:
+        started_s = time.monotonic()  # after imports and database set-up: the run only
+        root: list[str] = []
+        _show_live(system, console, root)
+        console.print(Rule("1. a user asks; the agent starts a build and subscribes"))
+        thread_id = "thr_demo"
+        root.append(thread_id)
+        system.launch("triage", "Build main, and tell me when a PR comes in.", thread_id=thread_id)
+        system.run_until_idle()
+        _idle(system, console, thread_id)
 
-            console.print(Rule("2. refused: forged and misdirected callbacks"))
-            url = CI_CALLBACKS["main"]
-            _refused(
-                console,
-                "a callback whose token was altered",
-                lambda: system.deliver_callback(url[:-4] + "AAAA", "green"),
-            )
-            watch_id = _call_id(system, thread_id, "watch_pull_requests")
-            moved = url.replace(_call_id(system, thread_id, "run_build"), watch_id)
-            _refused(
-                console,
-                "a token replayed against another call",
-                lambda: system.deliver_callback(moved, "green"),
-            )
-            _refused(
-                console,
-                "a result for a call the agent never made",
-                lambda: system.deliver(thread_id, "call_made_up", "green"),
-            )
+        console.print(Rule("2. refused: forged and misdirected callbacks"))
+        url_of_build = CI_CALLBACKS["main"]
+        _refused(
+            console,
+            "a callback whose token was altered",
+            lambda: system.deliver_callback(url_of_build[:-4] + "AAAA", "green"),
+        )
+        watch_id = _call_id(system, thread_id, "watch_pull_requests")
+        moved = url_of_build.replace(_call_id(system, thread_id, "run_build"), watch_id)
+        _refused(
+            console,
+            "a token replayed against another call",
+            lambda: system.deliver_callback(moved, "green"),
+        )
+        _refused(
+            console,
+            "a result for a call the agent never made",
+            lambda: system.deliver(thread_id, "call_made_up", "green"),
+        )
 
-            console.print(Rule("3. twenty minutes later, CI calls back"))
-            system.deliver_callback(url, "green, 1,204 tests passed", message_id="ci-build-main-1")
-            system.run_until_idle()
-            _refused(
-                console,
-                "the same CI delivery again",
-                lambda: system.deliver_callback(url, "green", message_id="ci-build-main-1"),
-            )
-            _idle(system, console, thread_id)
+        console.print(Rule("3. twenty minutes later, CI calls back"))
+        system.deliver_callback(
+            url_of_build, "green, 1,204 tests passed", message_id="ci-build-main-1"
+        )
+        system.run_until_idle()
+        _refused(
+            console,
+            "the same CI delivery again",
+            lambda: system.deliver_callback(url_of_build, "green", message_id="ci-build-main-1"),
+        )
+        _idle(system, console, thread_id)
 
-            console.print(
-                Rule("4. tomorrow, a pull request is opened: a temporary thread looks at it")
-            )
-            system.send_event(
-                thread_id,
-                watch_id,
-                "PR #42 opened by dana: 'Retry flaky DB tests'",
-                message_id="gh-delivery-42",
-            )
-            system.run_until_idle()
-            _idle(system, console, thread_id)
+        console.print(Rule("4. tomorrow, a pull request is opened: a temporary thread looks at it"))
+        system.send_event(
+            thread_id,
+            watch_id,
+            "PR #42 opened by dana: 'Retry flaky DB tests'",
+            message_id="gh-delivery-42",
+        )
+        system.run_until_idle()
+        took_s = time.monotonic() - started_s
+        _idle(system, console, thread_id)
 
-            console.print(Rule("result"))
-            console.print(f"slices run: [bold]{system.slices_run}[/]")
-            console.print(
-                f"stored size of the idle agent: [bold]{stored_bytes(system, thread_id):,} bytes[/]"
-            )
-            console.print(
-                f"took {time.monotonic() - started_s:.2f} s; no server, no network, no API key"
-            )
-            return system.slices_run
+        console.print(Rule("result"))
+        console.print(f"slices run: [bold]{system.slices_run}[/]")
+        console.print(
+            f"stored size of the idle agent: [bold]{stored_bytes(system, thread_id):,} bytes[/]"
+        )
+        console.print(
+            f"the four steps took {took_s:.2f} s (start-up and database set-up not counted); "
+            "no server, no network, no API key"
+        )
+        slices = system.slices_run
+    _print_inspection(console, command or invoked_as(), url, thread_id)
+    return slices
+
+
+def invoked_as() -> str:
+    """How to run ``dormant`` again the way this process was run, as a shell word."""
+    started = sys.argv[0] if sys.argv else ""
+    if Path(started).name == "dormant":
+        return shlex.quote(started)
+    return f"{shlex.quote(sys.executable)} -m dormant"
+
+
+def _remove_previous(path: Path) -> None:
+    """Remove a previous demo's database, its SQLite side files and its signing key."""
+    for suffix in ("", "-journal", "-wal", "-shm", ".key"):
+        path.with_name(path.name + suffix).unlink(missing_ok=True)
+
+
+def _print_inspection(console: Console, command: str, url: str, thread_id: str) -> None:
+    console.print(Rule("look inside"))
+    console.print(f"The demo's database is kept in {url.removeprefix('sqlite:///')}. Inspect it:")
+    for args in ("threads", f"show {thread_id}", f"show {thread_id} --full"):
+        # soft_wrap: a long path must stay on one line, ready to copy.
+        line = f"  {command} {args} --database-url {shlex.quote(url)}"
+        console.print(Text(line), soft_wrap=True)
 
 
 def stored_bytes(system: LocalSystem, thread_id: str) -> int:

@@ -18,7 +18,9 @@
     │   ├── PayloadTooLarge
     │   ├── MalformedMessage
     │   ├── ThreadBusy              user text while a slice runs ("reject" steering)
+    │   ├── CallAnswered            a second, different result for an answered call
     │   └── DuplicateMessage        the message id was already received
+    ├── ThreadsFailed               run_until_idle: threads stalled or retrying after failures
     ├── ModelError                  the provider failed
     │   ├── ModelRetryable          rate limit, 5xx, dropped or truncated stream
     │   └── ModelFatal              bad request, auth: retrying cannot help
@@ -32,8 +34,14 @@ Every message names the offending id, so a log line is enough to find the thread
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dormant.idle import IdleReport
+
 __all__ = [
     "BrokerUnavailable",
+    "CallAnswered",
     "ConfigurationError",
     "ControlSignal",
     "CrashPoint",
@@ -55,6 +63,7 @@ __all__ = [
     "SubscriptionCancelled",
     "ThreadBusy",
     "ThreadClosed",
+    "ThreadsFailed",
     "Unavailable",
     "UnknownAgent",
     "UnknownCall",
@@ -167,11 +176,35 @@ class ThreadBusy(MessageRejected):
         self.thread_id = thread_id
 
 
+class CallAnswered(MessageRejected):
+    """A result with a new message id for a call that already has its result (and is not
+    a subscription, whose later results are events): it would change nothing."""
+
+    def __init__(self, thread_id: str, call_id: str, message_id: str) -> None:
+        super().__init__(
+            f"message {message_id!r} refused: call {call_id!r} of thread {thread_id!r} "
+            "already has its result (only a subscription takes more than one)"
+        )
+        self.thread_id = thread_id
+        self.call_id = call_id
+        self.message_id = message_id
+
+
 class DuplicateMessage(MessageRejected):
     def __init__(self, thread_id: str, message_id: str) -> None:
         super().__init__(f"message {message_id!r} was already received by thread {thread_id!r}")
         self.thread_id = thread_id
         self.message_id = message_id
+
+
+class ThreadsFailed(DormantError):
+    """``run_until_idle`` found threads that failed instead of finishing: each stalled or
+    waiting to retry, with its last error. ``report`` lists them (``IdleReport``)."""
+
+    def __init__(self, report: IdleReport) -> None:
+        super().__init__(report.describe())
+        self.report = report
+        self.thread_ids = [failure.thread_id for failure in report.failed]
 
 
 class ModelError(DormantError):

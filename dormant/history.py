@@ -6,8 +6,11 @@ items, changed call states and the fate of each inbox row (done, rejected, still
 The rules (DESIGN section 5):
 
 - The first result for a pending call answers it. A later result is an event if the call
-  is an active subscription, a "late result" event if the call was interrupted, and a
-  duplicate otherwise.
+  is an active subscription and a "late result" event if the call was interrupted. A
+  second result for an answered call is rejected with a reason (``Client.deliver`` refuses
+  it up front when it can tell; this catches the race of two results queued at once),
+  except a passive call's timer firing after an event woke it, which carries no news. A
+  repeated message id never gets here: the inbox's unique key refuses it.
 - Events are threaded by default: each spawns a temporary child (``EventSpawn``) and the
   subscriber's history is unchanged. Associative events, child reports, parent messages
   and late results are shown inline as one ``EventShown`` row (a synthetic call and its
@@ -43,6 +46,7 @@ __all__ = [
     "INTERRUPTED",
     "Applied",
     "EventSpawn",
+    "answered_reason",
     "apply_inbox",
     "new_call_id",
     "pending",
@@ -54,6 +58,14 @@ WOKEN_BY_EVENT = "woken up: an event arrived"
 
 def new_call_id() -> str:
     return f"evt_{uuid.uuid4().hex[:20]}"
+
+
+def answered_reason(thread_id: str, call_id: str) -> str:
+    """Why a second result for an answered call is refused (the sender sees this)."""
+    return (
+        f"call {call_id!r} of thread {thread_id!r} already has its result "
+        "(only a subscription takes more than one)"
+    )
 
 
 def pending(calls: dict[str, CallRecord]) -> list[CallRecord]:
@@ -167,8 +179,10 @@ class _Rules:
                 self._event(row, call.call_id, result.content, final=False, threaded=True)
             case CallState.CANCELLED:
                 self._reject(row, f"subscription {call.call_id!r} is no longer active")
+            case CallState.ANSWERED if call.passive:
+                self._skip(row)  # a sleep's timer after an event woke it: no news
             case CallState.ANSWERED:
-                self._skip(row)  # a duplicate: the call was already answered
+                self._reject(row, answered_reason(self.thread_id, call.call_id))
 
     def _event(
         self, row: InboxRow, call_id: str, content: str, *, final: bool, threaded: bool = False

@@ -13,7 +13,8 @@ from rich.tree import Tree
 
 from dormant.history import pending
 from dormant.messages import ItemAdapter
-from dormant.stores.base import CallState, InboxState, Store, ThreadInfo
+from dormant.stores.base import CallState, InboxState, Store, StoredItem, ThreadInfo
+from dormant.stores.lineage import full_history
 from dormant.timeline import render_item
 
 __all__ = ["thread_record", "thread_records", "thread_tree", "timeline", "timeline_record"]
@@ -85,11 +86,12 @@ def thread_tree(store: Store, threads: Iterable[ThreadInfo]) -> Tree:
     return tree
 
 
-def timeline(store: Store, thread_id: str) -> Group:
-    """The thread's model-visible history, inherited items dimmed, then its status."""
+def timeline(store: Store, thread_id: str, *, full: bool = False) -> Group:
+    """The thread's status, then its model-visible history (``full``: every stored item,
+    including those a summary replaced), inherited items dimmed."""
     info = store.thread(thread_id)
     lines: list[Text] = [_label(store, info), Text()]
-    for stored in store.history(thread_id):
+    for stored in _items(store, info, full):
         inherited = info.fork_seq is not None and stored.seq <= info.fork_seq
         line = Text.assemble((f"#{stored.seq:<4}", "dim"), render_item(stored.item))
         if inherited:
@@ -140,8 +142,9 @@ def thread_records(store: Store, threads: Iterable[ThreadInfo]) -> list[dict[str
     return records
 
 
-def timeline_record(store: Store, thread_id: str) -> dict[str, Any]:
-    """``dormant show --json``: the thread and its model-visible items, each as stored."""
+def timeline_record(store: Store, thread_id: str, *, full: bool = False) -> dict[str, Any]:
+    """``dormant show --json``: the thread and its model-visible items (``full``: every
+    stored item), each as stored."""
     info = store.thread(thread_id)
     items = [
         {
@@ -150,6 +153,11 @@ def timeline_record(store: Store, thread_id: str) -> dict[str, Any]:
             "message_id": stored.message_id or None,
             "item": ItemAdapter.dump_python(stored.item, mode="json"),
         }
-        for stored in store.history(thread_id)
+        for stored in _items(store, info, full)
     ]
     return {"thread": thread_record(store, info), "items": items}
+
+
+def _items(store: Store, info: ThreadInfo, full: bool) -> list[StoredItem]:
+    """What the model sees, or (``full``) every stored item, summaries' originals included."""
+    return full_history(store, info) if full else store.history(info.id)

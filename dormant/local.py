@@ -17,7 +17,8 @@ from types import TracebackType
 
 from dormant.agents import Agent, AgentRegistry
 from dormant.client import BaseClient
-from dormant.errors import DormantError
+from dormant.errors import DormantError, ThreadsFailed
+from dormant.idle import IdleReport, failed_threads
 from dormant.messages import Chunk, Event
 from dormant.settings import Settings
 from dormant.slice import SliceDeps, run_slice
@@ -68,27 +69,36 @@ class _EventLog:
 class LocalSystem(BaseClient):
     """Agents in this process. Use as a context manager, or call ``close()``.
 
-    ``database_url`` is ``"sqlite:///dormant.db"`` (the default), any SQLAlchemy URL, or
-    ``"memory://"``.
+    Configuration comes from ``settings``, or else from ``Settings.from_env()`` (the
+    ``DORMANT_*`` variables). ``database_url``, when given, overrides either: a SQLite URL
+    (``"sqlite:///dormant.db"`` is the default), any SQLAlchemy URL, or ``"memory://"``.
+
+    Callback URLs are signed with ``DORMANT_SECRET_KEY`` if set; otherwise a SQLite file
+    gets a key generated once and kept beside it (``dormant.db.key``), so callbacks survive
+    a restart; other databases (and a ``store`` passed in) get a key that dies with the
+    process.
     """
 
     def __init__(
         self,
         agents: Iterable[Agent],
-        database_url: str = "sqlite:///dormant.db",
+        database_url: str | None = None,
         *,
         settings: Settings | None = None,
         store: Store | None = None,
         workers: int = 4,
     ) -> None:
-        settings = (settings or Settings(database_url=database_url)).with_ephemeral_secret()
+        settings = settings or Settings.from_env()
+        if database_url is not None:
+            settings = settings.with_(database_url=database_url)
+        if store is None:
+            store = open_store(settings.database_url, settings.table_prefix)
+            settings = settings.with_local_secret()
+        else:  # the caller's store: its database is not known here
+            settings = settings.with_ephemeral_secret()
+        self._opened_at = datetime.now(UTC)
         registry = agents if isinstance(agents, AgentRegistry) else AgentRegistry(agents)
-        super().__init__(
-            store or open_store(database_url, settings.table_prefix),
-            MemoryDedup(),
-            settings,
-            registry,
-        )
+        super().__init__(store, MemoryDedup(), settings, registry)
         self.lease: MemoryLease = MemoryLease()
         self._log = _EventLog()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dormant")
@@ -159,9 +169,17 @@ class LocalSystem(BaseClient):
 
     # running --------------------------------------------------------------------------
 
-    def run_until_idle(self, timeout_s: float = 10.0) -> None:
+    def run_until_idle(
+        self, timeout_s: float = 10.0, *, raise_on_failure: bool = True
+    ) -> IdleReport:
         """Block until nothing is runnable: no slice or tool running, no due timer,
-        no unapplied message. Future timers do not count. Raises ``TimeoutError``."""
+        no unapplied message. Future timers do not count. Raises ``TimeoutError``.
+
+        A thread whose slice failed (a model error, say) also leaves nothing runnable: its
+        messages wait, unconsumed, for a retry. So this then raises ``ThreadsFailed``
+        naming each thread that failed while this system was open (stalled, or waiting to
+        retry) and its last error; with ``raise_on_failure=False`` it returns that report.
+        """
         deadline = time.monotonic() + timeout_s
         while True:
             with self._idle:
@@ -172,9 +190,13 @@ class LocalSystem(BaseClient):
             if not self._sweep_once(grace_s=0.0):
                 with self._lock:
                     if not self._in_flight:
-                        return
+                        break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"still busy after {timeout_s} s")
+        report = failed_threads(self.store, since=self._opened_at)
+        if raise_on_failure and not report.ok:
+            raise ThreadsFailed(report)
+        return report
 
     def _run_slice(self, thread_id: str) -> None:
         with self._lock:

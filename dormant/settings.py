@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from dormant.errors import ConfigurationError
@@ -137,12 +139,65 @@ class Settings:
         return self
 
     def with_ephemeral_secret(self) -> Settings:
-        """These settings with a random signing key if none is set (embedded use only).
+        """These settings with a random signing key if none is set.
 
-        Callback tokens then stop verifying when the process ends, which is what an
-        in-process system with no configuration should do.
+        Callback tokens then stop verifying when the process ends: right for an in-memory
+        system, whose threads end with the process too.
         """
         return self if self.secret_keys else replace(self, secret_keys=(secrets.token_hex(32),))
+
+    def with_local_secret(self) -> Settings:
+        """These settings with a signing key that lives as long as the database.
+
+        ``DORMANT_SECRET_KEY`` (``secret_keys``) wins. Otherwise a SQLite file gets a key
+        generated once and kept beside it (``<database>.key``, mode 0600), so a callback URL
+        minted before a restart still verifies after it. Other databases get a key for
+        this process only (their callback URLs die with it): set ``DORMANT_SECRET_KEY``.
+        """
+        if self.secret_keys:
+            return self
+        path = _sqlite_file(self.database_url)
+        if path is None:
+            return self.with_ephemeral_secret()
+        return replace(self, secret_keys=(_key_beside(path),))
+
+
+def _sqlite_file(database_url: str) -> Path | None:
+    """The file of a SQLite URL, or None (another database, or SQLite in memory)."""
+    scheme, sep, rest = database_url.partition(":///")
+    if not sep or scheme.split("+")[0] != "sqlite":
+        return None
+    database = rest.split("?")[0]
+    if database in ("", ":memory:") or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _key_beside(database: Path) -> str:
+    """The key in ``<database>.key``, created atomically (mode 0600) if missing."""
+    path = database.with_name(database.name + ".key")
+    with contextlib.suppress(FileNotFoundError):
+        return _read_key(path)
+    temporary = path.with_name(f"{path.name}.{secrets.token_hex(8)}.tmp")
+    fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(secrets.token_hex(32) + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+        # link() refuses to replace: if another process won the race, its key stands.
+        with contextlib.suppress(FileExistsError):
+            os.link(temporary, path)
+    finally:
+        temporary.unlink()
+    return _read_key(path)
+
+
+def _read_key(path: Path) -> str:
+    key = path.read_text().strip()
+    if not key:
+        raise ConfigurationError(f"the callback signing key file {path} is empty")
+    return key
 
 
 _TABLE_PREFIX = re.compile(r"([a-z][a-z0-9_]{0,19})?")

@@ -30,7 +30,8 @@ def sign(keys: Sequence[str], thread_id: str, call_id: str, expires_at_s: int) -
 def verify(keys: Sequence[str], token: str, thread_id: str, call_id: str, now_s: float) -> None:
     """Raise ``InvalidToken`` unless ``token`` was signed for this call and has not expired."""
     expiry, _, mac = token.partition(".")
-    if not expiry.isdigit() or not mac:
+    # ASCII digits only, and a sane length: int() refuses "²" and 5,000-digit strings.
+    if not (expiry.isascii() and expiry.isdigit() and len(expiry) <= 15) or not mac:
         raise InvalidToken(f"malformed callback token for call {call_id!r} of thread {thread_id!r}")
     if not any(hmac.compare_digest(mac, _mac(k, thread_id, call_id, int(expiry))) for k in keys):
         raise InvalidToken(

@@ -122,3 +122,17 @@ def test_a_malformed_json_body_is_refused(served: tuple[LocalSystem, str, str]) 
         local(urls["build"], base), content=b"{nope", headers={"Content-Type": "application/json"}
     )
     assert answer.status_code == 400 and "not JSON" in answer.json()["error"]
+
+
+def test_a_body_that_is_not_utf8_is_refused_with_a_reason_not_a_server_error(
+    served: tuple[LocalSystem, str, str],
+) -> None:
+    system, thread_id, base = served
+    before = system.store.inbox(thread_id)
+    answer = httpx.post(
+        local(urls["build"], base),
+        content=b"\xff\xfe\x00",
+        headers={"Content-Type": "application/octet-stream"},
+    )
+    assert answer.status_code == 400 and "must be UTF-8" in answer.json()["error"]
+    assert system.store.inbox(thread_id) == before

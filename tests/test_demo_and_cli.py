@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import re
+import shlex
+import subprocess
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -28,6 +32,32 @@ def test_the_demo_runs_the_whole_scenario_on_sqlite(tmp_path: Path) -> None:
     assert "↳ event thread" in text
     assert re.search(r"stored size of the idle agent: [\d,]+ bytes", text)
     assert "thread thr_demo is idle" in text
+
+
+def test_the_demo_keeps_its_database_and_the_commands_it_prints_inspect_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    for name in [k for k in os.environ if k.startswith("DORMANT_")]:
+        monkeypatch.delenv(name)
+    for _run in range(2):  # a second run replaces the first one's database cleanly
+        out = io.StringIO()
+        run_demo(Console(file=out, width=60))
+    assert (tmp_path / "dormant-demo.db").exists()
+    text = out.getvalue()
+    assert "(start-up and database set-up not counted)" in " ".join(text.split())
+    commands = [line.strip() for line in text.splitlines() if "--database-url" in line]
+    asked = [c.split(" --database-url ")[0].split(" dormant ")[-1] for c in commands]
+    assert asked == ["threads", "show thr_demo", "show thr_demo --full"]
+    outputs = []
+    for command in commands:  # each in a new process, exactly as printed
+        done = subprocess.run(shlex.split(command), capture_output=True, text=True, check=False)
+        assert done.returncode == 0, (command, done.stderr)
+        outputs.append(done.stdout)
+    threads, shown, full = outputs
+    assert threads.count("thr_demo") == 1 and threads.count("[event]") == 1
+    assert "Build main, and tell me when a PR comes in." in shown
+    assert "Build main, and tell me when a PR comes in." in full
 
 
 def test_help_lists_every_command() -> None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from dormant import Agent, ToolContext, tool
-from dormant.errors import DuplicateMessage, SubscriptionCancelled, UnknownCall
+from dormant.errors import CallAnswered, DuplicateMessage, SubscriptionCancelled, UnknownCall
 from dormant.history import INTERRUPTED
 from dormant.messages import (
     EVENT_TOOL_NAME,
@@ -16,12 +16,13 @@ from dormant.messages import (
     Item,
     Rejected,
     ToolResult,
+    ToolResultMessage,
     UserText,
 )
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.slice import Idle, Waiting
-from dormant.stores.base import CallState, InboxState, ThreadStatus
+from dormant.stores.base import CallState, InboxState, Priority, ThreadStatus
 from tests.harness import Harness, results
 
 started: list[str] = []
@@ -97,20 +98,52 @@ def test_first_result_answers_the_pending_call() -> None:
     assert h.store.call(t, build).state is CallState.ANSWERED
 
 
-def test_second_result_for_an_answered_call_is_a_duplicate_and_changes_nothing() -> None:
+def test_a_second_result_for_an_answered_call_is_refused_at_deliver_naming_the_call() -> None:
     a, model = agent_with(on_user(call("run_build", target="main")))
     h = Harness(a)
     t = h.launch("a", "build main")
     h.step(t)
     build = the_call(h, t, "run_build")
-    h.deliver(t, build, "green")
+    h.deliver(t, build, "green", message_id="ci-1")
     h.step(t)
-    before, completions = h.history(t), len(model.requests)
-    h.deliver(t, build, "red", message_id="another-delivery")
+    before, inbox, completions = h.history(t), h.store.inbox(t), len(model.requests)
+    with pytest.raises(CallAnswered, match=f"call {build!r} of thread {t!r} already has"):
+        h.deliver(t, build, "red", message_id="another-delivery")
+    with pytest.raises(DuplicateMessage, match="ci-1"):  # the answer itself, again: harmless
+        h.deliver(t, build, "green", message_id="ci-1")
     h.step(t)
-    assert h.history(t) == before
-    assert len(model.requests) == completions
-    assert [r.state for r in h.store.inbox(t)][-1] is InboxState.DONE
+    assert (h.history(t), h.store.inbox(t), len(model.requests)) == (before, inbox, completions)
+
+
+def test_a_second_result_queued_with_the_first_is_rejected_with_a_visible_reason() -> None:
+    h = Harness(agent_with(on_user(call("run_build", target="main")))[0])
+    t = h.launch("a", "build main")
+    h.step(t)
+    build = the_call(h, t, "run_build")
+    h.deliver(t, build, "green", message_id="ci-1")
+    h.deliver(t, build, "red", message_id="ci-2")  # both queued before a slice runs
+    h.step(t)
+    assert [r.content for r in results(h.history(t))] == ["green"]
+    second = h.store.inbox(t)[-1]
+    assert (second.message_id, second.state) == ("ci-2", InboxState.REJECTED)
+    assert "already has its result" in second.reason
+    [rejected] = [e for e in h.events(t) if isinstance(e, Rejected)]
+    assert rejected.message_id == "ci-2" and "already has its result" in rejected.reason
+
+
+def test_a_late_result_after_interruption_still_becomes_an_event_then_more_are_refused() -> None:
+    h = Harness(agent_with(first_user(call("run_build", target="main")))[0])
+    t = h.launch("a", "build main")
+    h.step(t)
+    build = the_call(h, t, "run_build")
+    h.send(t, "never mind")
+    h.step(t)
+    h.deliver(t, build, "green", message_id="ci-late")
+    h.step(t)
+    shown = [i.content for i in h.history(t) if isinstance(i, EventShown)]
+    assert shown == ["late result: green"]
+    with pytest.raises(CallAnswered):
+        h.deliver(t, build, "green again", message_id="ci-later")
 
 
 def test_redelivered_message_id_is_refused_and_history_is_unchanged() -> None:
@@ -180,8 +213,12 @@ def test_a_stale_result_does_not_flush_deferred_events() -> None:
     h.step(t)
     watch, build, add_id = (the_call(h, t, n) for n in ("watch_prs", "run_build", "add"))
     h.send_event(t, watch, "PR #1", associative=True)
-    h.deliver(t, add_id, "3", message_id="stale-redelivery")  # a duplicate: settles nothing
+    # A second result for the answered add, queued past deliver's check (as in a race):
+    # it is rejected and settles nothing.
+    stale = ToolResultMessage(call_id=add_id, content="3")
+    h.store.enqueue(t, "stale-redelivery", stale, Priority.BACKGROUND)
     h.step(t)
+    assert h.store.inbox(t, InboxState.REJECTED)[0].message_id == "stale-redelivery"
     assert h.store.call(t, build).state is CallState.PENDING
     assert not any(isinstance(i, EventShown) for i in h.history(t))
     assert [r.message_id for r in h.store.inbox(t, InboxState.DEFERRED)] != []

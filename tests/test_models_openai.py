@@ -406,8 +406,10 @@ def test_a_failing_provider_stalls_the_thread_and_retry_completes_it(
 
     with LocalSystem([agent], "memory://", settings=settings) as system:
         thread_id = system.launch("weather", "Weather in Paris?")
-        system.run_until_idle()
+        report = system.run_until_idle(raise_on_failure=False)
 
+        assert [f.thread_id for f in report.failed] == [thread_id]
+        assert "HTTP 500" in report.failed[0].error
         thread = system.thread(thread_id)
         assert thread.status is ThreadStatus.STALLED
         assert "HTTP 500" in thread.last_error

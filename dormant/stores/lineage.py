@@ -15,7 +15,7 @@ from typing import Protocol
 from dormant.messages import Summary
 from dormant.stores.base import StoredItem, ThreadInfo
 
-__all__ = ["OwnItems", "next_seq", "visible_history"]
+__all__ = ["OwnItems", "full_history", "next_seq", "visible_history"]
 
 
 class OwnItems(Protocol):
@@ -42,6 +42,21 @@ def visible_history(reader: OwnItems, thread: ThreadInfo) -> list[StoredItem]:
         current = reader.thread(current.parent_id)
     raw = [item for segment in reversed(segments) for item in segment]
     return compacted(raw)
+
+
+def full_history(reader: OwnItems, thread: ThreadInfo) -> list[StoredItem]:
+    """Everything ``thread``'s history holds, uncompacted: the ancestors' items up to each
+    fork, then its own, in order; items a summary replaced are kept, and each summary sits
+    where it was made. What a person reads to audit a thread, not what its model sees."""
+    segments: list[list[StoredItem]] = []
+    current, limit = thread, None
+    while True:
+        segments.append(reader.own_items(current.id, limit))
+        if current.parent_id is None:
+            break
+        limit = current.fork_seq
+        current = reader.thread(current.parent_id)
+    return [item for segment in reversed(segments) for item in segment]
 
 
 def next_seq(thread: ThreadInfo, visible: list[StoredItem]) -> int:
