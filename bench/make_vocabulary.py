@@ -5,7 +5,8 @@
 Counted over the licence texts and package documentation of a Debian machine
 (/usr/share/common-licenses, /usr/share/doc): plain technical English, the register of an
 agent's replies. Words are ranked by how many documents use them (so one huge manual
-cannot skew the list); SimulatedModel draws them with Zipf weights by rank. Run once; the package ships the result and never reads these files.
+cannot skew the list); SimulatedModel draws them with Zipf weights by rank. Run once: the
+package ships the result and never reads these files.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ def _texts() -> list[str]:
     texts = []
     for source in SOURCES:
         for path in sorted(source.rglob("*")):
-            if not path.is_file() or path.is_symlink() or not NAMES.search(path.name):
-                if not (source.name == "common-licenses" and path.is_file()):
-                    continue
+            licence = source.name == "common-licenses"
+            if not path.is_file() or path.is_symlink():
+                continue
+            if not (licence or NAMES.search(path.name)):
+                continue
             try:
-                raw = gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
+                raw = path.read_bytes()
+                raw = gzip.decompress(raw) if path.suffix == ".gz" else raw
             except (OSError, gzip.BadGzipFile):
                 continue
             texts.append(raw.decode("utf-8", errors="ignore"))
@@ -45,7 +49,8 @@ def main() -> None:
     counts: collections.Counter[str] = collections.Counter()
     for text in _texts():
         counts.update({w.lower() for w in WORD.findall(text)})
-    common = [w for w, _ in counts.most_common() if len(w) > 1 or w in ("a", "i")]
+    ranked = sorted(counts, key=lambda w: (-counts[w], w))
+    common = [w for w in ranked if len(w) > 1 or w in ("a", "i")]
     lines = common[: args.words]
     header = "# by rank: the words found in most of Debian's licence texts and package docs\n"
     OUT.write_text(header + "\n".join(lines) + "\n")

@@ -88,8 +88,10 @@ def report(results: dict[str, dict[str, Any]]) -> None:
     console.print(table)
     for name, result in results.items():
         if not result["compression_in_band"]:
-            console.print(f"[red]{name}: text compresses {result['compression_ratio']:.2f}x, "
-                          "outside 2.5-3.5x: memory figures refused[/red]")
+            console.print(
+                f"[red]{name}: text compresses {result['compression_ratio']:.2f}x, "
+                "outside 2.5-3.5x: memory figures refused[/red]"
+            )
     if "dormant-memory" in results and "langgraph" in results:
         mem, lg = results["dormant-memory"], results["langgraph"]
         console.print(
@@ -124,8 +126,12 @@ def main() -> None:
         raise SystemExit(f"{LANGGRAPH_PYTHON} is missing: run `make bench-env` first")
     results: dict[str, dict[str, Any]] = {}
     started = time.time()
-    columns = (TextColumn("{task.description:>16}"), BarColumn(), TextColumn("{task.completed}/"
-               "{task.total} turns"), TimeElapsedColumn())
+    columns = (
+        TextColumn("{task.description:>16}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total} turns"),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=console) as progress:
         for system in args.systems.split(","):
             results[system] = run_system(system, waves[system], args.turns, args.workers, progress)
