@@ -193,7 +193,7 @@ def throughput(bench: Bench, tag: str, count: int) -> dict[str, float]:
 
 def quantiles(samples_ms: list[float]) -> dict[str, float]:
     q = statistics.quantiles(samples_ms, n=100)
-    return {"p50_ms": q[49], "p99_ms": q[98], "samples": len(samples_ms)}
+    return {"p50_ms": q[49], "p99_ms": q[98], "samples": len(samples_ms), "all_ms": samples_ms}
 
 
 def waiting_threads(bench: Bench, tag: str, count: int) -> list[dict[str, Any]]:
@@ -362,7 +362,7 @@ def main() -> None:
     if args.redis_db == 0:
         parser.error("the bench never uses Redis db 0")
     sizes = (
-        {"tasks": 300, "samples": 50, "wait_agents": 40, "wait_s": 2.0, "idle": (1000, 10_000)}
+        {"tasks": 200, "samples": 30, "wait_agents": 40, "wait_s": 1.0, "idle": (1000, 5000)}
         if args.quick
         else {
             "tasks": 2000,
