@@ -47,14 +47,15 @@ $(BENCH_PLOT)/.installed: bench/requirements-plot.txt $(VENV)/.synced
 bench-env: $(BENCH_LG)/.installed $(BENCH_PLOT)/.installed
 
 bench: bench-env
-	$(BIN)/python bench/import_cost.py
-	$(BIN)/python bench/reference.py --waves 50,100 --sqlite-waves 10,10 --langgraph-waves 10,20
+	$(BIN)/python bench/import_cost.py --runs 3
+	$(BIN)/python bench/reference.py --waves 80,80,80 --sqlite-waves 10,10,10 \
+		--langgraph-waves 10,10,10
 	$(BIN)/python bench/celery_throughput.py --quick
 	$(BENCH_PLOT)/bin/python bench/plots.py
 
 bench-full: bench-env
 	$(BIN)/python bench/import_cost.py --out bench/results/full/import.json
-	$(BIN)/python bench/reference.py --waves 1000,5000,10000,20000 --sqlite-waves 100,200,400 \
+	$(BIN)/python bench/reference.py --waves 1000,4000,5000,10000 --sqlite-waves 100,200,400 \
 		--langgraph-waves 100,200,400 --out bench/results/full/reference.json
 	$(BIN)/python bench/celery_throughput.py --out bench/results/full/celery.json
 	$(BENCH_PLOT)/bin/python bench/plots.py --results bench/results/full --out bench/results/full

@@ -1,6 +1,6 @@
 """The reference workload on dormant (memory, SQLite) and LangGraph, each in its own process.
 
-    python bench/reference.py [--waves 1000,5000,10000,20000] [--langgraph-waves ...]
+    python bench/reference.py [--waves 1000,4000,5000,10000] [--langgraph-waves ...]
                               [--turns 20] [--out bench/results/reference.json]
 
 Every system runs ``bench/workload.py`` in a fresh subprocess (so resident memory is its
@@ -109,7 +109,7 @@ def report(results: dict[str, dict[str, Any]]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--waves", default="1000,5000,10000,20000")
+    parser.add_argument("--waves", default="1000,4000,5000,10000")
     parser.add_argument("--sqlite-waves", default=None, help="default: --waves")
     parser.add_argument("--langgraph-waves", default=None, help="default: --waves")
     parser.add_argument("--turns", type=int, default=20)

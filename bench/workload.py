@@ -315,7 +315,13 @@ def run(runner: "Runner", system: str, waves: list[int], turns: int) -> None:
 
 
 def slope(points: list[dict[str, int]]) -> float:
-    """Least-squares bytes per agent over the (agents, RSS) points."""
+    """Least-squares bytes per agent over the (agents, RSS) points after each wave.
+
+    The point before the first wave is left out when there are two or more waves after
+    it: the first wave also fills fixed-size structures (LocalSystem's ring of the last
+    10,000 events, allocator arenas) that stop growing, which is no cost per idle agent.
+    """
+    points = points[1:] if len(points) >= 3 else points
     xs = [p["agents"] for p in points]
     ys = [p["rss_bytes"] for p in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
