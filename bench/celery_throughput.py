@@ -40,11 +40,12 @@ from typing import Any
 import redis
 from celery_scale import add_idle_threads, make_template, worker_rss_bytes
 from rich.console import Console
+from rich.table import Table
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import Engine, make_url
 
 HERE = Path(__file__).resolve().parent
-console = Console()
+console = Console(width=130)
 
 
 class Bench:
@@ -400,7 +401,6 @@ def run(bench: Bench, sizes: dict[str, Any], results: dict[str, Any]) -> None:
         make_template(bench.settings.database_url)
         status.update("worker start")
         results["start"] = warm_up(bench)
-        console.print(f"worker start: {results['start']}")
         results["throughput"] = {}
         for workers in (1, 2):
             status.update(f"throughput, {workers} worker(s)")
@@ -412,7 +412,6 @@ def run(bench: Bench, sizes: dict[str, Any], results: dict[str, Any]) -> None:
                 bench.wait(bench.done, 20 * workers)
             figures = throughput(bench, f"tp{workers}", sizes["tasks"])
             results["throughput"][str(workers)] = figures
-            console.print(f"throughput, {workers} worker(s): {figures}")
         bench.drain()
         bench.stop_workers()
         bench.start_workers(1)
@@ -421,18 +420,56 @@ def run(bench: Bench, sizes: dict[str, Any], results: dict[str, Any]) -> None:
         results["latency"] = latency(
             bench, sizes["samples"], one["slices_per_s"], one["noop_per_s"]
         )
-        console.print(f"latency: {results['latency']}")
         bench.drain()
         bench.stop_workers()
         bench.start_workers(1)
         status.update(f"waiting is free ({sizes['wait_agents']} agents, {sizes['wait_s']} s)")
         results["waiting"] = waiting_is_free(bench, sizes["wait_agents"], sizes["wait_s"])
-        console.print(f"waiting is free: {results['waiting']}")
         bench.drain()
         status.update("idle scale")
         few, many = sizes["idle"]
         results["idle_scale"] = idle_scale(bench, few, many, sizes["samples"])
-        console.print(f"idle scale: {results['idle_scale']}")
+    report(results)
+
+
+def report(results: dict[str, Any]) -> None:
+    """The figures, and each ratio to its baseline from this run."""
+    table = Table(title="dormant on Celery, against plain Celery tasks in the same run")
+    for column in ("measure", "dormant", "baseline", "ratio"):
+        table.add_column(column, justify="right")
+    for workers, tp in results["throughput"].items():
+        table.add_row(
+            f"tasks/s, {workers} worker(s)",
+            f"{tp['slices_per_s']:.1f} slices",
+            f"{tp['noop_per_s']:.1f} no-ops",
+            f"{tp['ratio']:.2f}",
+        )
+    for load, figures in results["latency"].items():
+        for q in ("p50_ms", "p99_ms"):
+            d, n = figures["deliver"][q], figures["noop"][q]
+            table.add_row(f"wake {q[:3]} ms, {load}", f"{d:.1f}", f"{n:.1f}", f"{d / n:.2f}")
+    w = results["waiting"]
+    table.add_row(
+        "waiting is free: wall s",
+        f"{w['dormant_wall_s']:.1f}",
+        f"{w['blocking_wall_s']:.1f} blocking",
+        f"{w['ratio']:.1f}",
+    )
+    for figures in results["idle_scale"].values():
+        table.add_row(
+            f"{figures['idle_threads']:,} idle threads",
+            f"wake p50 {figures['deliver']['p50_ms']:.0f} ms",
+            f"worker RSS {figures['worker_rss_bytes'] / 2**20:.0f} MiB",
+            "",
+        )
+    start = results["start"]
+    table.add_row(
+        "worker start to first task",
+        f"{start['worker_ready_wall_s']:.1f} s wall",
+        f"{start['worker_ready_cpu_s']:.1f} s CPU",
+        "",
+    )
+    console.print(table)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from rich.table import Table
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 LANGGRAPH_PYTHON = HERE / ".venv-langgraph" / "bin" / "python"
-console = Console()
+console = Console(width=130)
 
 
 def run_system(
