@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
@@ -362,6 +363,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.redis_db == 0:
         parser.error("the bench never uses Redis db 0")
+    # Stopped with SIGTERM, still stop the workers, drop the database, delete the keys.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = (
         {"tasks": 200, "samples": 30, "wait_agents": 40, "wait_s": 1.0, "idle": (1000, 5000)}
         if args.quick
