@@ -85,6 +85,13 @@ class Bench:
                 worker = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
             self.workers.append(worker)
 
+    def ready(self, tasks: int = 20) -> None:
+        """Wait until the workers run tasks: no measurement includes a worker's start."""
+        self.redis.set(self.key("done"), 0)
+        for _ in range(tasks):
+            self.noop()
+        self.wait(self.done, tasks, timeout_s=300)
+
     def stop_workers(self) -> None:
         for worker in self.workers:
             worker.kill()
@@ -409,15 +416,13 @@ def run(bench: Bench, sizes: dict[str, Any], results: dict[str, Any]) -> None:
             status.update(f"throughput, {workers} worker(s)")
             if len(bench.workers) < workers:
                 bench.start_workers(workers - len(bench.workers))
-                bench.redis.set(bench.key("done"), 0)
-                for _ in range(20 * workers):
-                    bench.noop()
-                bench.wait(bench.done, 20 * workers)
+            bench.ready(20 * workers)
             figures = throughput(bench, f"tp{workers}", sizes["tasks"])
             results["throughput"][str(workers)] = figures
         bench.drain()
         bench.stop_workers()
         bench.start_workers(1)
+        bench.ready()
         one = results["throughput"]["1"]
         status.update("wake latency")
         results["latency"] = latency(
@@ -426,6 +431,7 @@ def run(bench: Bench, sizes: dict[str, Any], results: dict[str, Any]) -> None:
         bench.drain()
         bench.stop_workers()
         bench.start_workers(1)
+        bench.ready()
         status.update(f"waiting is free ({sizes['wait_agents']} agents, {sizes['wait_s']} s)")
         results["waiting"] = waiting_is_free(bench, sizes["wait_agents"], sizes["wait_s"])
         bench.drain()
