@@ -1,6 +1,7 @@
 """dormant on Celery, end to end through ``Client``, beside plain Celery tasks in the same run.
 
     python bench/celery_throughput.py [--quick] [--out bench/results/celery.json]
+        [--phases throughput,latency,waiting,idle] [--wait-agents N] [--wait-s S]
 
 Needs the local PostgreSQL and Redis. Creates a database ``dormant_bench_<hex>`` (dropped
 at the end) and uses Redis db ``--redis-db`` (12; never 0) under a fresh key prefix and
@@ -367,6 +368,9 @@ def main() -> None:
     parser.add_argument("--redis-host", default="redis://127.0.0.1:6379")
     parser.add_argument("--redis-db", type=int, default=12)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "celery.json")
+    parser.add_argument("--phases", default="throughput,latency,waiting,idle")
+    parser.add_argument("--wait-agents", type=int, help="override the size's agents waiting")
+    parser.add_argument("--wait-s", type=float, help="override the size's wait per agent")
     args = parser.parse_args()
     if args.redis_db == 0:
         parser.error("the bench never uses Redis db 0")
@@ -383,6 +387,11 @@ def main() -> None:
             "idle": (1000, 100_000),
         }
     )
+    if args.wait_agents is not None:
+        sizes["wait_agents"] = args.wait_agents
+    if args.wait_s is not None:
+        sizes["wait_s"] = args.wait_s
+    sizes["phases"] = args.phases.split(",")
     redis_url = f"{args.redis_host}/{args.redis_db}"
     prefix = f"dormant_bench_{secrets.token_hex(4)}"
     results: dict[str, Any] = {"sizes": sizes, "cpus": os.cpu_count()}
@@ -407,38 +416,49 @@ def main() -> None:
 
 
 def run(bench: Bench, sizes: dict[str, Any], results: dict[str, Any]) -> None:
-    with console.status("a 20-turn template thread for the idle-scale test") as status:
-        make_template(bench.settings.database_url)
-        status.update("worker start")
-        results["start"] = warm_up(bench)
-        results["throughput"] = {}
-        for workers in (1, 2):
-            status.update(f"throughput, {workers} worker(s)")
-            if len(bench.workers) < workers:
-                bench.start_workers(workers - len(bench.workers))
-            bench.ready(20 * workers)
-            figures = throughput(bench, f"tp{workers}", sizes["tasks"])
-            results["throughput"][str(workers)] = figures
-        bench.drain()
-        bench.stop_workers()
-        bench.start_workers(1)
-        bench.ready()
-        one = results["throughput"]["1"]
-        status.update("wake latency")
-        results["latency"] = latency(
-            bench, sizes["samples"], one["slices_per_s"], one["noop_per_s"]
+    phases = sizes["phases"]
+    if "latency" in phases and "throughput" not in phases:
+        raise SystemExit(
+            "the latency phase loads the worker at a rate the throughput phase measures"
         )
-        bench.drain()
-        bench.stop_workers()
-        bench.start_workers(1)
-        bench.ready()
-        status.update(f"waiting is free ({sizes['wait_agents']} agents, {sizes['wait_s']} s)")
-        results["waiting"] = waiting_is_free(bench, sizes["wait_agents"], sizes["wait_s"])
-        bench.drain()
-        status.update("idle scale")
-        few, many = sizes["idle"]
-        results["idle_scale"] = idle_scale(bench, few, many, sizes["samples"])
+    with console.status("worker start") as status:
+        results["start"] = warm_up(bench)
+        if "throughput" in phases:
+            results["throughput"] = {}
+            for workers in (1, 2):
+                status.update(f"throughput, {workers} worker(s)")
+                if len(bench.workers) < workers:
+                    bench.start_workers(workers - len(bench.workers))
+                bench.ready(20 * workers)
+                figures = throughput(bench, f"tp{workers}", sizes["tasks"])
+                results["throughput"][str(workers)] = figures
+            fresh_worker(bench)
+        if "latency" in phases:
+            one = results["throughput"]["1"]
+            status.update("wake latency")
+            results["latency"] = latency(
+                bench, sizes["samples"], one["slices_per_s"], one["noop_per_s"]
+            )
+            fresh_worker(bench)
+        if "waiting" in phases:
+            status.update(f"waiting is free ({sizes['wait_agents']} agents, {sizes['wait_s']} s)")
+            results["waiting"] = waiting_is_free(bench, sizes["wait_agents"], sizes["wait_s"])
+            bench.drain()
+        if "idle" in phases:
+            status.update("idle scale: a 20-turn template thread")
+            make_template(bench.settings.database_url)
+            status.update("idle scale")
+            few, many = sizes["idle"]
+            results["idle_scale"] = idle_scale(bench, few, many, sizes["samples"])
     report(results)
+
+
+def fresh_worker(bench: Bench) -> None:
+    """One new worker, ready, with nothing queued: no phase inherits another's backlog."""
+    bench.drain()
+    bench.stop_workers()
+    bench.start_workers(1)
+    bench.ready()
 
 
 def report(results: dict[str, Any]) -> None:
@@ -446,25 +466,25 @@ def report(results: dict[str, Any]) -> None:
     table = Table(title="dormant on Celery, against plain Celery tasks in the same run")
     for column in ("measure", "dormant", "baseline", "ratio"):
         table.add_column(column, justify="right")
-    for workers, tp in results["throughput"].items():
+    for workers, tp in results.get("throughput", {}).items():
         table.add_row(
             f"tasks/s, {workers} worker(s)",
             f"{tp['slices_per_s']:.1f} slices",
             f"{tp['noop_per_s']:.1f} no-ops",
             f"{tp['ratio']:.2f}",
         )
-    for load, figures in results["latency"].items():
+    for load, figures in results.get("latency", {}).items():
         for q in ("p50_ms", "p99_ms"):
             d, n = figures["deliver"][q], figures["noop"][q]
             table.add_row(f"wake {q[:3]} ms, {load}", f"{d:.1f}", f"{n:.1f}", f"{d / n:.2f}")
-    w = results["waiting"]
-    table.add_row(
-        "waiting is free: wall s",
-        f"{w['dormant_wall_s']:.1f}",
-        f"{w['blocking_wall_s']:.1f} blocking",
-        f"{w['ratio']:.1f}",
-    )
-    for figures in results["idle_scale"].values():
+    if w := results.get("waiting"):
+        table.add_row(
+            "waiting is free: wall s",
+            f"{w['dormant_wall_s']:.1f}",
+            f"{w['blocking_wall_s']:.1f} blocking",
+            f"{w['ratio']:.1f}",
+        )
+    for figures in results.get("idle_scale", {}).values():
         table.add_row(
             f"{figures['idle_threads']:,} idle threads",
             f"wake p50 {figures['deliver']['p50_ms']:.0f} ms",

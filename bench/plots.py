@@ -93,7 +93,7 @@ def main() -> None:
         memory(reference, args.out)
         throughput(reference, args.out)
     celery_path = args.results / "celery.json"
-    if celery_path.exists():
+    if celery_path.exists() and "latency" in json.loads(celery_path.read_text()):
         latency(json.loads(celery_path.read_text()), args.out)
     print(f"plots in {args.out}")
 
