@@ -4,7 +4,7 @@ UV := .uv/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint types unit bench clean
+.PHONY: demo test lint types unit bench bench-full bench-env clean
 
 $(UV):
 	$(PYTHON) -m venv .uv
@@ -29,8 +29,36 @@ types: $(VENV)/.synced
 unit: $(VENV)/.synced
 	$(BIN)/pytest $(PYTEST_ARGS)
 
-bench: $(VENV)/.synced
-	$(BIN)/python bench/slices.py
+# Benchmarks (docs/benchmarks.md): each compares against a baseline measured in the same run.
+# LangGraph and matplotlib live in their own environments under bench/, never in .venv/.
+BENCH_LG := bench/.venv-langgraph
+BENCH_PLOT := bench/.venv-plot
+
+$(BENCH_LG)/.installed: bench/requirements-langgraph.txt $(VENV)/.synced
+	$(UV) venv --quiet --allow-existing --python $(BIN)/python $(BENCH_LG)
+	$(UV) pip install --quiet --python $(BENCH_LG)/bin/python -r bench/requirements-langgraph.txt
+	touch $@
+
+$(BENCH_PLOT)/.installed: bench/requirements-plot.txt $(VENV)/.synced
+	$(UV) venv --quiet --allow-existing --python $(BIN)/python $(BENCH_PLOT)
+	$(UV) pip install --quiet --python $(BENCH_PLOT)/bin/python -r bench/requirements-plot.txt
+	touch $@
+
+bench-env: $(BENCH_LG)/.installed $(BENCH_PLOT)/.installed
+
+bench: bench-env
+	$(BIN)/python bench/import_cost.py --runs 3
+	$(BIN)/python bench/reference.py --waves 80,80,80 --sqlite-waves 10,10,10 \
+		--langgraph-waves 10,10,10
+	$(BIN)/python bench/celery_throughput.py --quick
+	$(BENCH_PLOT)/bin/python bench/plots.py
+
+bench-full: bench-env
+	$(BIN)/python bench/import_cost.py --out bench/results/full/import.json
+	$(BIN)/python bench/reference.py --waves 1000,4000,5000,10000 --sqlite-waves 100,200,400 \
+		--langgraph-waves 100,200,400 --out bench/results/full/reference.json
+	$(BIN)/python bench/celery_throughput.py --out bench/results/full/celery.json
+	$(BENCH_PLOT)/bin/python bench/plots.py --results bench/results/full --out bench/results/full
 
 clean:
 	rm -rf .uv $(VENV) .mypy_cache .ruff_cache .pytest_cache

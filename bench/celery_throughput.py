@@ -1,112 +1,356 @@
-"""Slices per second through Celery, beside a no-op task on the same broker; wake-up latency.
+"""dormant on Celery, end to end through ``Client``, beside plain Celery tasks in the same run.
 
-    python bench/celery_throughput.py [--slices 2000] [--concurrency 8] [--latency-samples 200]
+    python bench/celery_throughput.py [--quick] [--out bench/results/celery.json]
+        [--phases throughput,latency,waiting,idle] [--wait-agents N] [--wait-s S]
 
-Needs the local PostgreSQL and Redis (``BENCH_POSTGRES_URL``, ``BENCH_REDIS_URL``). It
-creates a throwaway database and Redis prefix, starts one ``celery worker -P threads`` on
-this module (its agent runs a zero-latency ``SimulatedModel``), and prints:
+Needs the local PostgreSQL and Redis. Creates a database ``dormant_bench_<hex>`` (dropped
+at the end) and uses Redis db ``--redis-db`` (12; never 0) under a fresh key prefix and
+broker prefix (deleted at the end). Workers are real ``celery -A celery_app worker -P
+threads`` processes on ``bench/celery_app.py``. Every dormant figure is counted when the
+commit is visible in PostgreSQL (the assistant rows), never inside the model call.
 
-- no-op tasks/s: ``bench.noop`` sent and run, the broker's and Celery's own ceiling;
-- slices/s: ``dormant.slice`` tasks over threads with one queued message each (lease,
-  load, one streamed 1,200-character completion, commit, events); the ratio of the two is
-  the price of a durable slice over a bare task;
-- wake-up latency p50/p99: ``Client.send`` returning to the model call starting, one
-  message at a time on an idle worker.
-
-The worker imports this module (``-A celery_throughput``); ``app`` is built on first access.
+1. Throughput, 1 and 2 worker processes (``-c 8`` each): no-op tasks/s, then dormant
+   slices/s over threads started with ``Client.launch`` (each one streamed completion).
+2. Wake latency on 1 worker: ``Client.deliver`` to the model call starting, against
+   ``send_task`` of a no-op to it starting; alone (low load) and under a background load
+   at ~80% of the throughput measured in 1.
+3. Waiting is free: N agents each waiting W s on a tool, 1 worker, 8 slots: a blocking
+   Celery task per agent (completion, sleep W, completion) against dormant's deferred tool
+   whose result the driver delivers W s after the call.
+4. Idle scale: worker RSS and wake latency with few idle threads in PostgreSQL, then
+   with many (copies of a finished 20-turn thread, inserted in bulk).
+5. Worker start: ``Popen`` to its first no-op task done, wall and the worker's CPU time.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from functools import cache
 from pathlib import Path
 from typing import Any
 
 import redis
+from celery_scale import add_idle_threads, make_template, worker_rss_bytes
+from rich.console import Console
+from rich.table import Table
 from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
-
-from dormant import Agent
-from dormant.models import Completion, ModelRequest, SimulatedModel
-from dormant.models.base import ChunkSink
-from dormant.settings import Settings
+from sqlalchemy.engine import Engine, make_url
 
 HERE = Path(__file__).resolve().parent
-POSTGRES_URL = os.environ.get("BENCH_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0")
+console = Console(width=130)
 
 
-@cache
-def _redis() -> redis.Redis:
-    return redis.Redis.from_url(REDIS_URL, decode_responses=True)
+class Bench:
+    """One run: the settings, a client, the Redis keys, and the workers it started."""
+
+    def __init__(self, env: dict[str, str], redis_url: str) -> None:
+        from dormant.client import Client
+        from dormant.settings import Settings
+
+        self.env = env
+        self.settings = Settings.from_env(env)
+        self.client = Client.from_settings(self.settings)
+        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
+        self.engine: Engine = create_engine(
+            make_url(self.settings.database_url).set(drivername="postgresql+psycopg")
+        )
+        self.prefix = self.settings.key_prefix
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.producer: Any = None
+        self.log = HERE / "results" / "celery-workers.log"
+
+    def key(self, name: str) -> str:
+        return f"{self.prefix}:bench:{name}"
+
+    # workers ----------------------------------------------------------------------------
+
+    def start_workers(self, count: int, concurrency: int = 8) -> None:
+        for n in range(count):
+            argv = [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-P", "threads"]
+            argv += ["-c", str(concurrency), "-n", f"bench{n}-{self.prefix}@%h", "-l", "warning"]
+            argv += ["-Q", "dormant.interactive,dormant.background,dormant.tools"]
+            argv += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
+            env = {**os.environ, **self.env, "PYTHONPATH": str(HERE)}
+            self.log.parent.mkdir(parents=True, exist_ok=True)
+            with open(self.log, "ab") as log:
+                worker = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.workers.append(worker)
+
+    def ready(self, tasks: int = 20) -> None:
+        """Wait until the workers run tasks: no measurement includes a worker's start."""
+        self.redis.set(self.key("done"), 0)
+        for _ in range(tasks):
+            self.noop()
+        self.wait(self.done, tasks, timeout_s=300)
+
+    def stop_workers(self) -> None:
+        for worker in self.workers:
+            worker.kill()
+            worker.wait()
+        self.workers = []
+
+    def check_workers(self) -> None:
+        for worker in self.workers:
+            if worker.poll() is not None:
+                raise RuntimeError(
+                    f"worker {worker.pid} exited with {worker.returncode}: see {self.log}"
+                )
+
+    def drain(self, timeout_s: float = 900) -> None:
+        """Wait until the broker's queues are empty: no phase inherits another's backlog."""
+        pattern = f"{self.settings.broker_key_prefix}dormant.*"
+
+        def queued() -> int:
+            keys = [k for k in self.redis.scan_iter(match=pattern) if self.redis.type(k) == "list"]
+            return sum(self.redis.llen(k) for k in keys)
+
+        deadline = time.monotonic() + timeout_s
+        while queued():
+            self.check_workers()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"broker queues not empty after {timeout_s} s")
+            time.sleep(0.05)
+
+    # counting ---------------------------------------------------------------------------
+
+    def noop(self, sample: str = "") -> None:
+        from dormant.worker import QUEUE_BACKGROUND
+
+        self._app().send_task("bench.noop", args=[sample], queue=QUEUE_BACKGROUND)
+
+    def _app(self) -> Any:
+        """A producer on the same broker and configuration as the client's dispatcher."""
+        if self.producer is None:
+            from celery import Celery
+
+            from dormant.worker import celery_config
+
+            self.producer = Celery("bench", set_as_current=False)
+            self.producer.conf.update(celery_config(self.settings))
+        return self.producer
+
+    def done(self) -> int:
+        return int(self.redis.get(self.key("done")) or 0)
+
+    def committed(self, prefix: str) -> int:
+        """Assistant turns committed by threads whose id starts with ``prefix``."""
+        query = "SELECT count(*) FROM items WHERE kind = 'assistant' AND thread_id LIKE :p"
+        with self.engine.connect() as conn:
+            return int(conn.execute(text(query), {"p": prefix + "%"}).scalar_one())
+
+    def wait(self, count: Callable[[], int], expected: int, timeout_s: float = 900) -> float:
+        """Poll ``count`` until it reaches ``expected``; the monotonic time it was seen."""
+        deadline = time.monotonic() + timeout_s
+        while (seen := count()) < expected:
+            self.check_workers()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {seen} of {expected} after {timeout_s} s")
+            time.sleep(0.01)
+        return time.monotonic()
+
+    def close(self) -> None:
+        self.stop_workers()
+        self.client.close()
+        self.engine.dispose()
+        keys = list(self.redis.scan_iter(match=f"{self.prefix}*", count=1000))
+        for start in range(0, len(keys), 500):
+            self.redis.delete(*keys[start : start + 500])
+        self.redis.close()
 
 
-def _key(name: str) -> str:
-    return f"{os.environ['DORMANT_KEY_PREFIX']}:bench:{name}"
+def warm_up(bench: Bench) -> dict[str, float]:
+    """Start-up: from Popen to the first no-op done, wall time and the worker's CPU."""
+    bench.redis.set(bench.key("done"), 0)
+    started = time.monotonic()
+    bench.start_workers(1)
+    bench.noop()
+    bench.wait(bench.done, 1, timeout_s=120)
+    wall = time.monotonic() - started
+    with open(f"/proc/{bench.workers[0].pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return {"worker_ready_wall_s": wall, "worker_ready_cpu_s": cpu}
 
 
-class _Timed:
-    """The simulated model, counting completions and stamping when each one starts."""
-
-    name = "simulated"
-    context_window = 200_000
-
-    def __init__(self) -> None:
-        self.inner = SimulatedModel(completion_chars=1200, chunk_chars=48)
-
-    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
-        started = time.time()
-        completion = self.inner.complete(request, on_chunk)
-        with _redis().pipeline(transaction=False) as pipe:
-            pipe.hset(_key("started"), request.thread_id, repr(started))
-            pipe.incr(_key("done"))
-            pipe.execute()
-        return completion
-
-
-AGENTS = [Agent("bench", model=_Timed())]
+def throughput(bench: Bench, tag: str, count: int) -> dict[str, float]:
+    """No-op tasks/s, then slices/s of ``count`` launched threads, on the running workers."""
+    bench.redis.set(bench.key("done"), 0)
+    started = time.monotonic()
+    for _ in range(count):
+        bench.noop()
+    noop_per_s = count / (bench.wait(bench.done, count) - started)
+    prefix = f"{tag}_"
+    started = time.monotonic()
+    for i in range(count):
+        bench.client.launch("chat", f"hello {i}", thread_id=f"{prefix}{i}")
+    slices_per_s = count / (bench.wait(lambda: bench.committed(prefix), count) - started)
+    return {
+        "noop_per_s": noop_per_s,
+        "slices_per_s": slices_per_s,
+        "ratio": slices_per_s / noop_per_s,
+    }
 
 
-@cache
-def _app() -> Any:
-    from dormant.worker import create_app
-
-    app = create_app(Settings.from_env(), AGENTS)
-
-    @app.task(name="bench.noop", shared=False, acks_late=True, ignore_result=True)  # type: ignore[untyped-decorator]
-    def noop() -> None:
-        _redis().incr(_key("done"))
-
-    return app
+def quantiles(samples_ms: list[float]) -> dict[str, float]:
+    q = statistics.quantiles(samples_ms, n=100)
+    return {"p50_ms": q[49], "p99_ms": q[98], "samples": len(samples_ms), "all_ms": samples_ms}
 
 
-def __getattr__(name: str) -> Any:
-    if name == "app":
-        return _app()
-    raise AttributeError(name)
+def waiting_threads(bench: Bench, tag: str, count: int) -> list[dict[str, Any]]:
+    """Launch ``count`` waiter threads and return their pending calls once all are made."""
+    calls_key = bench.key("calls")
+    for i in range(count):
+        bench.client.launch("waiter", f"build {i}", thread_id=f"{tag}_{i}")
+    bench.wait(lambda: bench.redis.llen(calls_key), count)
+    raw = bench.redis.lrange(calls_key, 0, -1)
+    bench.redis.delete(calls_key)
+    return [json.loads(r) for r in raw]
 
 
-# The driver ---------------------------------------------------------------------------
+def deliver_latency(bench: Bench, calls: list[dict[str, Any]]) -> list[float]:
+    """One at a time: ``deliver`` returning ... the model call starting, in ms."""
+    samples = []
+    for call in calls:
+        thread_id = call["thread_id"]
+        bench.redis.hdel(bench.key("started"), thread_id)
+        sent = time.time()
+        bench.client.deliver(thread_id, call["call_id"], "build green")
+        while (started := bench.redis.hget(bench.key("started"), thread_id)) is None:
+            bench.check_workers()
+            time.sleep(0.0005)
+        samples.append((float(started) - sent) * 1000)
+    return samples
+
+
+def noop_latency(bench: Bench, count: int) -> list[float]:
+    samples = []
+    for n in range(count):
+        sample = f"s{n}"
+        sent = time.time()
+        bench.noop(sample)
+        while (started := bench.redis.hget(bench.key("noop_started"), sample)) is None:
+            bench.check_workers()
+            time.sleep(0.0005)
+        samples.append((float(started) - sent) * 1000)
+    bench.redis.delete(bench.key("noop_started"))
+    return samples
 
 
 @contextmanager
-def _database() -> Any:
+def background_load(rate_per_s: float, send: Callable[[int], None]) -> Iterator[None]:
+    """Call ``send(i)`` ``rate_per_s`` times a second on a thread until the block ends."""
+    stop = threading.Event()
+
+    def loop() -> None:
+        started, n = time.monotonic(), 0
+        while not stop.is_set():
+            due = started + n / rate_per_s
+            if (ahead := due - time.monotonic()) > 0:
+                stop.wait(ahead)
+                continue
+            send(n)
+            n += 1
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def latency(bench: Bench, samples: int, slices_per_s: float, noop_per_s: float) -> dict[str, Any]:
+    calls = waiting_threads(bench, "lat", samples * 2)
+    low = {
+        "deliver": quantiles(deliver_latency(bench, calls[:samples])),
+        "noop": quantiles(noop_latency(bench, samples)),
+    }
+    with background_load(0.8 * slices_per_s, lambda i: bench.client.launch("chat", "hi")):
+        time.sleep(1)
+        busy_deliver = quantiles(deliver_latency(bench, calls[samples:]))
+    bench.drain()
+    with background_load(0.8 * noop_per_s, lambda i: bench.noop()):
+        time.sleep(1)
+        busy_noop = quantiles(noop_latency(bench, samples))
+    bench.drain()
+    return {"low_load": low, "near_saturation": {"deliver": busy_deliver, "noop": busy_noop}}
+
+
+def waiting_is_free(bench: Bench, agents: int, wait_s: float) -> dict[str, float]:
+    """Blocking Celery loop vs dormant's deferred tool: wall time for ``agents`` agents."""
+    bench.redis.set(bench.key("done"), 0)
+    started = time.monotonic()
+    for i in range(agents):
+        bench._app().send_task("bench.blocking_agent", args=[i, wait_s], queue="dormant.tools")
+    blocking_s = bench.wait(bench.done, agents, timeout_s=agents * wait_s + 600) - started
+
+    calls_key = bench.key("calls")
+    started = time.monotonic()
+    for i in range(agents):
+        bench.client.launch("waiter", f"build {i}", thread_id=f"wait_{i}")
+    delivered = 0
+    while delivered < agents:
+        bench.check_workers()
+        raw = bench.redis.lpop(calls_key)
+        if raw is None:
+            time.sleep(0.01)
+            continue
+        call = json.loads(raw)
+        if (ahead := call["at"] + wait_s - time.time()) > 0:
+            time.sleep(ahead)
+        bench.client.deliver(call["thread_id"], call["call_id"], "build green")
+        delivered += 1
+    dormant_s = bench.wait(lambda: bench.committed("wait_"), agents * 2) - started
+    return {
+        "blocking_wall_s": blocking_s,
+        "dormant_wall_s": dormant_s,
+        "ratio": blocking_s / dormant_s,
+    }
+
+
+def idle_scale(bench: Bench, few: int, many: int, samples: int) -> dict[str, Any]:
+    figures = {}
+    for idle in (few, many):
+        add_idle_threads(bench.engine, "scale_", idle - bench_idle_count(bench))
+        calls = waiting_threads(bench, f"idle{idle}", samples)
+        figures[str(idle)] = {
+            "idle_threads": bench_idle_count(bench),
+            "deliver": quantiles(deliver_latency(bench, calls)),
+            "worker_rss_bytes": worker_rss_bytes(bench.workers[0].pid),
+        }
+    return figures
+
+
+def bench_idle_count(bench: Bench) -> int:
+    with bench.engine.connect() as conn:
+        return int(conn.execute(text("SELECT count(*) FROM threads")).scalar_one())
+
+
+@contextmanager
+def database(admin_url: str) -> Iterator[str]:
+    from dormant.stores.sql import upgrade
+
     admin = create_engine(
-        make_url(POSTGRES_URL).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT"
+        make_url(admin_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT"
     )
     name = f"dormant_bench_{secrets.token_hex(4)}"
     with admin.connect() as conn:
         conn.execute(text(f'CREATE DATABASE "{name}"'))
     try:
-        yield make_url(POSTGRES_URL).set(database=name).render_as_string(hide_password=False)
+        url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+        upgrade(url)
+        yield url
     finally:
         with admin.connect() as conn:
             conn.execute(
@@ -117,101 +361,144 @@ def _database() -> Any:
         admin.dispose()
 
 
-def _wait_done(expected: int, timeout_s: float = 300) -> float:
-    """Poll the completion counter; the time the last one was seen."""
-    deadline = time.monotonic() + timeout_s
-    while (done := int(_redis().get(_key("done")) or 0)) < expected:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"only {done} of {expected} done")
-        time.sleep(0.005)
-    return time.monotonic()
-
-
-def _measure(send: Any, count: int) -> float:
-    """Tasks per second: ``count`` sends, then until the last one ran."""
-    _redis().set(_key("done"), 0)
-    started = time.monotonic()
-    for i in range(count):
-        send(i)
-    return count / (_wait_done(count) - started)
-
-
-def _run(args: argparse.Namespace, env: dict[str, str]) -> None:
-    from dormant.client import Client
-    from dormant.messages import UserMessage
-    from dormant.stores.base import NewThread, Priority
-    from dormant.worker import QUEUE_BACKGROUND
-
-    client = Client.from_env(env)
-    app = _app()
-    argv = ["-A", "celery_throughput", "worker", "-P", "threads", "-c", str(args.concurrency)]
-    argv += ["-Q", "dormant.interactive,dormant.background,dormant.tools", "-l", "warning"]
-    argv += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", *argv], env={**os.environ, **env, "PYTHONPATH": str(HERE)}
-    )
-    try:
-        # Warm-up: the worker connects and builds its runtime on the first tasks.
-        _measure(lambda _i: app.send_task("bench.noop", queue=QUEUE_BACKGROUND), 50)
-        noop_per_s = _measure(
-            lambda _i: app.send_task("bench.noop", queue=QUEUE_BACKGROUND), args.slices
-        )
-        ids = [f"bench_{i}" for i in range(args.slices)]
-        for thread_id in ids:
-            client.store.create_thread(NewThread(id=thread_id, agent="bench"))
-            client.store.enqueue(thread_id, f"m-{thread_id}", UserMessage(text="hi"), 8)
-        slices_per_s = _measure(lambda i: client.wake(ids[i], Priority.INTERACTIVE), args.slices)
-
-        latencies_ms = []
-        for thread_id in ids[: args.latency_samples]:
-            _redis().hdel(_key("started"), thread_id)
-            sent = time.time()
-            client.send(thread_id, "again")
-            while (started := _redis().hget(_key("started"), thread_id)) is None:
-                time.sleep(0.0005)
-            latencies_ms.append((float(started) - sent) * 1000)
-    finally:
-        worker.kill()
-        worker.wait()
-        client.close()
-
-    q = statistics.quantiles(latencies_ms, n=100)
-    print(f"no-op Celery tasks:  {noop_per_s:8.0f} /s")
-    print(
-        f"dormant slices:      {slices_per_s:8.0f} /s  ({slices_per_s / noop_per_s:.2f} of no-op)"
-    )
-    print(f"wake-up latency:     p50 {q[49]:.1f} ms, p99 {q[98]:.1f} ms (send -> model call)")
-    setup = f"1 worker, -P threads -c {args.concurrency}, {args.slices} tasks each"
-    print(f"({setup}, {os.cpu_count()} cpus)")
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--slices", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--latency-samples", type=int, default=200)
+    parser.add_argument("--quick", action="store_true", help="the sizes of `make bench`")
+    parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--redis-host", default="redis://127.0.0.1:6379")
+    parser.add_argument("--redis-db", type=int, default=12)
+    parser.add_argument("--out", type=Path, default=HERE / "results" / "celery.json")
+    parser.add_argument("--phases", default="throughput,latency,waiting,idle")
+    parser.add_argument("--wait-agents", type=int, help="override the size's agents waiting")
+    parser.add_argument("--wait-s", type=float, help="override the size's wait per agent")
     args = parser.parse_args()
-    prefix = f"bench{secrets.token_hex(4)}"
-    from dormant.stores.sql import upgrade
-
-    with _database() as database_url:
-        upgrade(database_url)
+    if args.redis_db == 0:
+        parser.error("the bench never uses Redis db 0")
+    # Stopped with SIGTERM, still stop the workers, drop the database, delete the keys.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    sizes = (
+        {"tasks": 200, "samples": 30, "wait_agents": 40, "wait_s": 1.0, "idle": (1000, 5000)}
+        if args.quick
+        else {
+            "tasks": 2000,
+            "samples": 200,
+            "wait_agents": 200,
+            "wait_s": 5.0,
+            "idle": (1000, 100_000),
+        }
+    )
+    if args.wait_agents is not None:
+        sizes["wait_agents"] = args.wait_agents
+    if args.wait_s is not None:
+        sizes["wait_s"] = args.wait_s
+    sizes["phases"] = args.phases.split(",")
+    redis_url = f"{args.redis_host}/{args.redis_db}"
+    prefix = f"dormant_bench_{secrets.token_hex(4)}"
+    results: dict[str, Any] = {"sizes": sizes, "cpus": os.cpu_count()}
+    with database(args.postgres_url) as database_url:
         env = {
             "DORMANT_DATABASE_URL": database_url,
-            "DORMANT_BROKER_URL": REDIS_URL,
-            "DORMANT_REDIS_URL": REDIS_URL,
+            "DORMANT_BROKER_URL": redis_url,
+            "DORMANT_REDIS_URL": redis_url,
             "DORMANT_KEY_PREFIX": prefix,
             "DORMANT_BROKER_KEY_PREFIX": f"{prefix}:broker:",
             "DORMANT_SECRET_KEY": secrets.token_hex(16),
-            "DORMANT_AGENTS": "celery_throughput",
+            "DORMANT_AGENTS": "celery_app",
         }
-        os.environ.update(env)
+        bench = Bench(env, redis_url)
         try:
-            _run(args, env)
+            run(bench, sizes, results)
         finally:
-            keys = list(_redis().scan_iter(match=f"{prefix}*", count=1000))
-            for start in range(0, len(keys), 500):
-                _redis().delete(*keys[start : start + 500])
+            bench.close()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    console.print(f"raw figures: {args.out}")
+
+
+def run(bench: Bench, sizes: dict[str, Any], results: dict[str, Any]) -> None:
+    phases = sizes["phases"]
+    if "latency" in phases and "throughput" not in phases:
+        raise SystemExit(
+            "the latency phase loads the worker at a rate the throughput phase measures"
+        )
+    with console.status("worker start") as status:
+        results["start"] = warm_up(bench)
+        if "throughput" in phases:
+            results["throughput"] = {}
+            for workers in (1, 2):
+                status.update(f"throughput, {workers} worker(s)")
+                if len(bench.workers) < workers:
+                    bench.start_workers(workers - len(bench.workers))
+                bench.ready(20 * workers)
+                figures = throughput(bench, f"tp{workers}", sizes["tasks"])
+                results["throughput"][str(workers)] = figures
+            fresh_worker(bench)
+        if "latency" in phases:
+            one = results["throughput"]["1"]
+            status.update("wake latency")
+            results["latency"] = latency(
+                bench, sizes["samples"], one["slices_per_s"], one["noop_per_s"]
+            )
+            fresh_worker(bench)
+        if "waiting" in phases:
+            status.update(f"waiting is free ({sizes['wait_agents']} agents, {sizes['wait_s']} s)")
+            results["waiting"] = waiting_is_free(bench, sizes["wait_agents"], sizes["wait_s"])
+            bench.drain()
+        if "idle" in phases:
+            status.update("idle scale: a 20-turn template thread")
+            make_template(bench.settings.database_url)
+            status.update("idle scale")
+            few, many = sizes["idle"]
+            results["idle_scale"] = idle_scale(bench, few, many, sizes["samples"])
+    report(results)
+
+
+def fresh_worker(bench: Bench) -> None:
+    """One new worker, ready, with nothing queued: no phase inherits another's backlog."""
+    bench.drain()
+    bench.stop_workers()
+    bench.start_workers(1)
+    bench.ready()
+
+
+def report(results: dict[str, Any]) -> None:
+    """The figures, and each ratio to its baseline from this run."""
+    table = Table(title="dormant on Celery, against plain Celery tasks in the same run")
+    for column in ("measure", "dormant", "baseline", "ratio"):
+        table.add_column(column, justify="right")
+    for workers, tp in results.get("throughput", {}).items():
+        table.add_row(
+            f"tasks/s, {workers} worker(s)",
+            f"{tp['slices_per_s']:.1f} slices",
+            f"{tp['noop_per_s']:.1f} no-ops",
+            f"{tp['ratio']:.2f}",
+        )
+    for load, figures in results.get("latency", {}).items():
+        for q in ("p50_ms", "p99_ms"):
+            d, n = figures["deliver"][q], figures["noop"][q]
+            table.add_row(f"wake {q[:3]} ms, {load}", f"{d:.1f}", f"{n:.1f}", f"{d / n:.2f}")
+    if w := results.get("waiting"):
+        table.add_row(
+            "waiting is free: wall s",
+            f"{w['dormant_wall_s']:.1f}",
+            f"{w['blocking_wall_s']:.1f} blocking",
+            f"{w['ratio']:.1f}",
+        )
+    for figures in results.get("idle_scale", {}).values():
+        table.add_row(
+            f"{figures['idle_threads']:,} idle threads",
+            f"wake p50 {figures['deliver']['p50_ms']:.0f} ms",
+            f"worker RSS {figures['worker_rss_bytes'] / 2**20:.0f} MiB",
+            "",
+        )
+    start = results["start"]
+    table.add_row(
+        "worker start to first task",
+        f"{start['worker_ready_wall_s']:.1f} s wall",
+        f"{start['worker_ready_cpu_s']:.1f} s CPU",
+        "",
+    )
+    console.print(table)
 
 
 if __name__ == "__main__":
