@@ -10,6 +10,7 @@ import typer
 from rich.console import Console
 
 from dormant.cli_celery import beat, worker
+from dormant.cli_serve import serve
 from dormant.errors import DormantError
 from dormant.settings import Settings
 
@@ -201,6 +202,7 @@ def _redact(url: str) -> str:
 
 app.command()(worker)
 app.command()(beat)
+app.command()(serve)
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ ENV_NAMES = {
     "model_backoff_s": "DORMANT_MODEL_BACKOFF_S",
     "stall_after_failures": "DORMANT_STALL_AFTER_FAILURES",
     "failure_backoff_s": "DORMANT_FAILURE_BACKOFF_S",
+    "webhook_secrets": "DORMANT_WEBHOOK_SECRETS",
 }
 
 
@@ -79,6 +80,9 @@ class Settings:
     broker_key_prefix: str = ""
     """Redis broker: a prefix for every key Celery uses (kombu's ``global_keyprefix``), so
     several deployments (or test runs) can share one Redis database."""
+    webhook_secrets: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """``dormant serve``'s webhook sources and their shared secrets, from
+    ``DORMANT_WEBHOOK_SECRETS="github=key1,key2;other=key3"`` (every key verifies)."""
 
     def __post_init__(self) -> None:
         if self.lease_ttl_s <= 0 or self.sweep_interval_s <= 0:
@@ -97,6 +101,8 @@ class Settings:
                 continue
             if name == "secret_keys":
                 values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
+            elif name == "webhook_secrets":
+                values[name] = _webhook_secrets(var, raw)
             elif name == "crash_points":
                 values[name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
             elif isinstance(getattr(cls, name, None), float):
@@ -135,3 +141,14 @@ def _number(var: str, raw: str, kind: type[float] | type[int]) -> float | int:
         raise ConfigurationError(
             f"{var}={raw!r} is not a{'n integer' if kind is int else ' number'}"
         ) from None
+
+
+def _webhook_secrets(var: str, raw: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    sources = []
+    for entry in (e.strip() for e in raw.split(";") if e.strip()):
+        name, eq, keys = entry.partition("=")
+        parsed = tuple(k.strip() for k in keys.split(",") if k.strip())
+        if not eq or not name.strip() or not parsed:
+            raise ConfigurationError(f"{var}: {name.strip()!r} is not source=key[,key...]")
+        sources.append((name.strip(), parsed))
+    return tuple(sources)
