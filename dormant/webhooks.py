@@ -43,6 +43,8 @@ __all__ = [
     "WebhookReceiver",
     "WebhookReply",
     "WebhookSource",
+    "django_view",
+    "flask_blueprint",
     "github_source",
     "webhook_url",
 ]
@@ -213,3 +215,34 @@ def webhook_url(callback_url: str, source: str) -> str:
     base = head[: -len("callbacks")] + "webhooks"
     path = "/".join(quote(s, safe="") for s in (source, thread_id, call_id))
     return f"{parts.scheme}://{parts.netloc}{base}/{path}?token={token}"
+
+
+def flask_blueprint(receiver: WebhookReceiver, name: str = "dormant_webhooks") -> Any:
+    """A Flask blueprint: ``app.register_blueprint(bp, url_prefix="/dormant/webhooks")``."""
+    from flask import Blueprint, request
+
+    blueprint = Blueprint(name, __name__)
+
+    @blueprint.post("/<path:path>")
+    def webhook(path: str) -> tuple[dict[str, Any], int]:
+        body = request.get_data(cache=False)
+        query = request.query_string.decode("latin-1")
+        reply = receiver.receive(path, query, dict(request.headers), body)
+        return reply.body, reply.status
+
+    return blueprint
+
+
+def django_view(receiver: WebhookReceiver) -> Callable[..., Any]:
+    """A Django view: ``re_path(r"^dormant/webhooks/(?P<path>.+)$", csrf_exempt(view))``."""
+
+    def view(request: Any, path: str) -> Any:
+        from django.http import JsonResponse
+
+        if request.method != "POST":
+            return JsonResponse({"error": "POST only"}, status=405)
+        query = request.META.get("QUERY_STRING", "")
+        reply = receiver.receive(path, query, dict(request.headers), request.body)
+        return JsonResponse(reply.body, status=reply.status)
+
+    return view

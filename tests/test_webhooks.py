@@ -15,7 +15,13 @@ from dormant.errors import ConfigurationError
 from dormant.messages import EventShown, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.settings import Settings
-from dormant.webhooks import WebhookReceiver, WebhookSource, github_source, webhook_url
+from dormant.webhooks import (
+    WebhookReceiver,
+    WebhookSource,
+    flask_blueprint,
+    github_source,
+    webhook_url,
+)
 
 SECRET = "gh-secret"
 urls: dict[str, str] = {}
@@ -215,3 +221,18 @@ def test_webhook_secrets_are_read_from_the_environment() -> None:
     assert Settings.from_env(env).webhook_secrets == (("github", ("a", "b")), ("stripe", ("c",)))
     with pytest.raises(ConfigurationError, match="DORMANT_WEBHOOK_SECRETS"):
         Settings.from_env({"DORMANT_WEBHOOK_SECRETS": "github"})
+
+
+def test_the_flask_blueprint_mounts_the_receiver(rig: Rig) -> None:
+    flask = pytest.importorskip("flask")
+    app = flask.Flask("hooks")
+    app.register_blueprint(flask_blueprint(rig.receiver), url_prefix="/dormant/webhooks")
+    url = f"/dormant/webhooks/{rig.path}?{rig.query}"
+    with app.test_client() as http:
+        answer = http.post(url, data=PR, headers=signed(PR))
+        assert answer.status_code == 202 and answer.json == {
+            "status": "queued",
+            "message_id": "github:d-1",
+        }
+        forged = http.post(url, data=PR, headers=signed(PR, key="guess"))
+        assert forged.status_code == 401
