@@ -32,4 +32,5 @@ def serve(
         raise typer.Exit(1) from None
     with client:
         app = asgi_app(client, WebhookReceiver(client, sources))
-        uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on")
+        # No access log: webhook and callback URLs carry tokens, which must not land in logs.
+        uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on", access_log=False)
