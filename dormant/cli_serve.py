@@ -13,7 +13,7 @@ def serve(
 ) -> None:
     """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS) and /healthz, /readyz."""
     from dormant.client import Client
-    from dormant.errors import ConfigurationError, DormantError
+    from dormant.errors import DormantError
     from dormant.serve import asgi_app
     from dormant.settings import Settings
     from dormant.webhooks import WebhookReceiver, github_source
@@ -27,7 +27,7 @@ def serve(
         settings = Settings.from_env().require_secret()
         sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
         client = Client.from_settings(settings)
-    except (ConfigurationError, DormantError) as error:
+    except DormantError as error:
         typer.echo(f"error: {error}", err=True)
         raise typer.Exit(1) from None
     with client:

@@ -236,3 +236,13 @@ def test_the_flask_blueprint_mounts_the_receiver(rig: Rig) -> None:
         }
         forged = http.post(url, data=PR, headers=signed(PR, key="guess"))
         assert forged.status_code == 401
+
+
+def test_dormant_serve_refuses_to_start_without_a_signing_key() -> None:
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    result = CliRunner().invoke(app, ["serve"], env={"DORMANT_SECRET_KEY": ""})
+    assert result.exit_code == 1
+    assert "DORMANT_SECRET_KEY is not set" in result.output
