@@ -15,6 +15,7 @@ import typer
 
 from dormant.cli_celery import beat, worker
 from dormant.cli_errors import DEBUG_FLAG, reported, say
+from dormant.cli_serve import serve
 
 if TYPE_CHECKING:
     from dormant.client import Client
@@ -305,6 +306,7 @@ def _redact(url: str) -> str:
 
 app.command()(reported(worker))
 app.command()(reported(beat))
+app.command()(reported(serve))
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ ENV_NAMES = {
     "failure_backoff_s": "DORMANT_FAILURE_BACKOFF_S",
     "table_prefix": "DORMANT_TABLE_PREFIX",
     "debug": "DORMANT_DEBUG",
+    "webhook_secrets": "DORMANT_WEBHOOK_SECRETS",
 }
 
 
@@ -84,6 +85,9 @@ class Settings:
     broker_key_prefix: str = ""
     """Redis broker: a prefix for every key Celery uses (kombu's ``global_keyprefix``), so
     several deployments (or test runs) can share one Redis database."""
+    webhook_secrets: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """``dormant serve``'s webhook sources and their shared secrets, from
+    ``DORMANT_WEBHOOK_SECRETS="github=key1,key2;other=key3"`` (every key verifies)."""
 
     table_prefix: str = ""
     """Prepended to every table dormant creates (``myapp_`` gives ``myapp_threads``...), so
@@ -116,6 +120,8 @@ class Settings:
                 values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
             elif name == "debug":
                 values[name] = _flag(var, raw)
+            elif name == "webhook_secrets":
+                values[name] = _webhook_secrets(var, raw)
             elif name == "crash_points":
                 values[name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
             elif isinstance(getattr(cls, name, None), float):
@@ -219,3 +225,14 @@ def _number(var: str, raw: str, kind: type[float] | type[int]) -> float | int:
         raise ConfigurationError(
             f"{var}={raw!r} is not a{'n integer' if kind is int else ' number'}"
         ) from None
+
+
+def _webhook_secrets(var: str, raw: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    sources = []
+    for entry in (e.strip() for e in raw.split(";") if e.strip()):
+        name, eq, keys = entry.partition("=")
+        parsed = tuple(k.strip() for k in keys.split(",") if k.strip())
+        if not eq or not name.strip() or not parsed:
+            raise ConfigurationError(f"{var}: {name.strip()!r} is not source=key[,key...]")
+        sources.append((name.strip(), parsed))
+    return tuple(sources)
