@@ -129,6 +129,32 @@ def show(
 
 @app.command()
 @reported
+def check(
+    grace_s: float = typer.Option(
+        60.0, "--grace-s", min=0, help="Work younger than this is in flight, not stuck."
+    ),
+    database_url: str | None = DatabaseOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Check the runtime's promises over every stored thread; exit 1 if any is broken."""
+    from dormant.check import check_store
+
+    with closing(_store(database_url)) as store:
+        problems = check_store(store, grace_s=grace_s)
+    if as_json:
+        _print_json(
+            [{"thread_id": p.thread_id, "rule": p.rule, "detail": p.detail} for p in problems]
+        )
+    else:
+        for problem in problems:
+            typer.echo(str(problem))
+        typer.echo(f"{len(problems)} problem(s) found" if problems else "no problems found")
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command()
+@reported
 def retry(thread_id: str, database_url: str | None = DatabaseOption) -> None:
     """Re-drive a stalled thread: its queued messages are applied by the next sweep."""
     from dormant.history import pending

@@ -139,3 +139,25 @@ def test_the_family_example_shows_two_children_and_an_event_thread(tmp_path: Pat
     assert "subscribed to spawn_thread" not in tree.output  # inherited calls are the parent's
     shown = runner.invoke(app, ["show", "thr_family", "--database-url", f"sqlite:///{db}"])
     assert "Report from child thread" in shown.output and "INC-7" in shown.output
+
+
+def test_check_passes_on_the_demo_database_and_fails_naming_a_stranded_message(
+    tmp_path: Path,
+) -> None:
+    from dormant.messages import UserMessage
+    from dormant.stores.sql import SQLStore
+
+    db = tmp_path / "demo.db"
+    run_demo(Console(file=io.StringIO()), database_path=db)
+    url = f"sqlite:///{db}"
+    sound = runner.invoke(app, ["check", "--grace-s", "0", "--database-url", url])
+    assert (sound.exit_code, sound.output.strip()) == (0, "no problems found")
+    store = SQLStore(url)
+    store.enqueue("thr_demo", "stranded", UserMessage(text="anyone?"), 8)
+    store.close()
+    broken = runner.invoke(app, ["check", "--grace-s", "0", "--json", "--database-url", url])
+    assert broken.exit_code == 1
+    [problem] = json.loads(broken.output)
+    assert (
+        problem["thread_id"] == "thr_demo" and "(stranded) was never applied" in problem["detail"]
+    )
