@@ -95,11 +95,12 @@ def wait_until(
     *,
     check: Callable[[], None] = lambda: None,
     poll_s: float = 0.05,
+    detail: Callable[[], str] = lambda: "",
 ) -> Any:
     """Poll ``predicate`` until it is truthy (returned) or ``timeout_s`` of idle-machine
-    time passes (failure). Each poll's wall time counts divided by the current
-    ``slowness``, so a loaded machine gets proportionally longer. ``check`` runs on every
-    poll to fail fast (a worker that died)."""
+    time passes (failure, with ``detail()`` appended). Each poll's wall time counts divided
+    by the current ``slowness``, so a loaded machine gets proportionally longer. ``check``
+    runs on every poll to fail fast (a worker that died)."""
     started = last = time.monotonic()
     spent_s = 0.0
     while True:
@@ -113,7 +114,7 @@ def wait_until(
         if spent_s > timeout_s:
             pytest.fail(
                 f"timed out waiting for {what}: {timeout_s} s of idle-machine time "
-                f"({now - started:.0f} s of wall time at load {os.getloadavg()[0]:.1f})"
+                f"({now - started:.0f} s of wall time at load {os.getloadavg()[0]:.1f})" + detail()
             )
         time.sleep(poll_s)
 
