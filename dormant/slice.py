@@ -169,8 +169,10 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
         raise
     except BaseException as error:
         if isinstance(error, Exception):
-            log.error(
-                "slice of thread %s failed and could not be recorded", thread_id, exc_info=True
+            log.error(  # the store is unreachable, or the work was committed before it
+                "slice of thread %s raised; not recorded as a failed slice",
+                thread_id,
+                exc_info=True,
             )
         deps.lease.release(thread_id, token)
         raise
