@@ -6,6 +6,8 @@ outbox rows a crash left behind and re-wakes threads with unapplied inbox rows.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import logging
 import threading
 import time
@@ -22,7 +24,7 @@ from dormant.idle import IdleReport, failed_threads
 from dormant.messages import Chunk, Event
 from dormant.settings import Settings
 from dormant.slice import SliceDeps, run_slice
-from dormant.stores.base import OutboxRow, Store
+from dormant.stores.base import OutboxRow, Priority, Store
 from dormant.stores.memory import MemoryStore
 from dormant.stores.memory_sync import MemoryDedup, MemoryLease
 from dormant.sweeper import sweep_once
@@ -103,7 +105,11 @@ class LocalSystem(BaseClient):
         self._log = _EventLog()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dormant")
         self._lock = threading.Lock()
-        self._queued: set[str] = set()
+        self._queued: dict[str, int] = {}
+        """Threads with a slice waiting in ``_ready``, and the highest priority it has."""
+        self._ready: list[tuple[int, int, Callable[..., None], object]] = []
+        """(-priority, arrival, work, argument): what the pool runs next, most urgent first."""
+        self._arrivals = itertools.count()
         self._in_flight = 0
         self._idle = threading.Condition(self._lock)
         self._errors: list[BaseException] = []
@@ -159,13 +165,13 @@ class LocalSystem(BaseClient):
 
     def wake(self, thread_id: str, priority: int) -> None:
         with self._lock:
-            if thread_id in self._queued:
-                return  # one queued slice drains everything queued before it starts
-            self._queued.add(thread_id)
-        self._submit(self._run_slice, thread_id)
+            if self._queued.get(thread_id, -1) >= priority:
+                return  # a queued slice at least as urgent drains everything before it starts
+            self._queued[thread_id] = priority
+        self._submit(self._run_slice, thread_id, priority)
 
     def dispatch(self, row: OutboxRow) -> None:
-        self._submit(self._run_tool, row)
+        self._submit(self._run_tool, row, Priority.BACKGROUND)
 
     # running --------------------------------------------------------------------------
 
@@ -200,7 +206,7 @@ class LocalSystem(BaseClient):
 
     def _run_slice(self, thread_id: str) -> None:
         with self._lock:
-            self._queued.discard(thread_id)
+            self._queued.pop(thread_id, None)
         run_slice(thread_id, self.deps)
         with self._lock:
             self.slices_run += 1
@@ -208,11 +214,19 @@ class LocalSystem(BaseClient):
     def _run_tool(self, row: OutboxRow) -> None:
         execute_outbox(row, self.store, self.deps.agents, self, self.callback_url, self.deps.crash)
 
-    def _submit(self, fn: Callable[..., None], arg: object) -> None:
+    def _submit(self, fn: Callable[..., None], arg: object, priority: int) -> None:
+        """Queue ``fn(arg)`` by priority: the pool thread that frees up next runs the most
+        urgent queued work (user text before tool results), not the oldest."""
         with self._lock:
             self._in_flight += 1
-        future: Future[None] = self._pool.submit(fn, arg)
+            heapq.heappush(self._ready, (-priority, next(self._arrivals), fn, arg))
+        future: Future[None] = self._pool.submit(self._run_next)
         future.add_done_callback(self._finished)
+
+    def _run_next(self) -> None:
+        with self._lock:
+            _, _, fn, arg = heapq.heappop(self._ready)
+        fn(arg)
 
     def _finished(self, future: Future[None]) -> None:
         error = future.exception()

@@ -60,8 +60,9 @@ class Stale:
 
 @dataclass(frozen=True)
 class Failed:
-    """The model failed; nothing was committed and the messages stay queued until
-    ``retry_at`` (the sweeper will not wake the thread before)."""
+    """The slice raised (the model, the agent's code, a bug); nothing was committed and the
+    messages stay queued until ``retry_at`` (the sweeper will not wake the thread before).
+    ``error`` is the last line of the traceback, as stored in the thread's ``last_error``."""
 
     thread_id: str
     error: str

@@ -13,7 +13,9 @@ leaves undispatched outbox rows the sweeper re-dispatches.
 
 from __future__ import annotations
 
+import logging
 import time
+import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,9 +30,9 @@ from dormant.children import (
 )
 from dormant.compaction import COMPACTION_INSTRUCTIONS, needs_compaction, safe_seq
 from dormant.errors import (
+    ControlSignal,
     CrashPoint,
     LeaseLost,
-    ModelError,
     SteeredAway,
     UnknownAgent,
     UnknownThread,
@@ -102,6 +104,8 @@ __all__ = [
     "safe_seq",
 ]
 
+log = logging.getLogger("dormant.slice")
+
 
 class Dispatcher(Protocol):
     def dispatch(self, row: OutboxRow) -> None:
@@ -145,7 +149,13 @@ class SliceDeps:
 
 
 def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
-    """Run one slice of ``thread_id``; see the module docstring for the steps."""
+    """Run one slice of ``thread_id``; see the module docstring for the steps.
+
+    Any exception from the agent's code, its model or a bug (not a control signal) is a
+    failed slice: nothing is committed, the error is recorded with a backoff and the thread
+    stalls after ``stall_after_failures``. Only what cannot be recorded (the store is
+    unreachable) propagates, logged here.
+    """
     token = deps.lease.acquire(thread_id, deps.settings.lease_ttl_s)
     if token is None:
         return Busy(thread_id)
@@ -154,13 +164,35 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
         outcome, seen = _Slice(thread_id, token, deps).run()
     except CrashPoint:
         raise  # a simulated death keeps the lease until it expires, like a real one
-    except BaseException:
+    except ControlSignal:
+        deps.lease.release(thread_id, token)
+        raise
+    except BaseException as error:
+        if isinstance(error, Exception):
+            log.error(  # the store is unreachable, or the work was committed before it
+                "slice of thread %s raised; not recorded as a failed slice",
+                thread_id,
+                exc_info=True,
+            )
         deps.lease.release(thread_id, token)
         raise
     deps.lease.release(thread_id, token)
     if seen is not None and deps.store.has_pending_after(thread_id, seen):
-        deps.dispatcher.wake(thread_id, Priority.INTERACTIVE)
+        deps.dispatcher.wake(thread_id, _rewake_priority(deps.store, thread_id, seen))
     return outcome
+
+
+def _rewake_priority(store: SliceStore, thread_id: str, seen: int) -> Priority:
+    """The priority of a re-wake for rows that arrived during the slice: interactive only
+    if user text is among them, so tool results never jump the user-text queue."""
+    if store.has_pending_after(thread_id, seen, user_text_only=True):
+        return Priority.INTERACTIVE
+    return Priority.BACKGROUND
+
+
+def describe(error: BaseException) -> str:
+    """The last line of the error's traceback (``KeyError: 'choices'``), for ``last_error``."""
+    return traceback.format_exception_only(error)[-1].strip()
 
 
 class _Slice:
@@ -174,6 +206,7 @@ class _Slice:
         self.steering = False
         self.streamed = ""
         self.flushed_at = time.monotonic()
+        self.committed = False
 
     def run(self) -> tuple[SliceOutcome, int | None]:
         deps = self.deps
@@ -181,17 +214,36 @@ class _Slice:
             snap = deps.store.load(self.thread_id)
         except UnknownThread:
             return Missing(self.thread_id), None
+        except ControlSignal:
+            raise
+        except Exception as error:  # a row that no longer loads, say: record it if we can
+            log.warning("loading thread %s failed", self.thread_id, exc_info=True)
+            thread = deps.store.thread(self.thread_id)
+            return self._failed(thread.failures, describe(error)), None
         if snap.thread.status is ThreadStatus.STALLED:
             return Stalled(self.thread_id, snap.thread.last_error), None
         if not snap.inbox:
             return settled(self.thread_id, snap.thread.status, snap.calls), None
         self.seen = max(row.id for row in snap.inbox)
         try:
+            return self._apply(snap)
+        except ControlSignal:
+            raise
+        except Exception as error:
+            if self.committed:
+                raise  # the slice's work is stored; what is left the sweeper re-drives
+            log.warning("slice of thread %s failed", self.thread_id, exc_info=True)
+            return self._failed(snap.thread.failures, describe(error)), None
+
+    def _apply(self, snap: Snapshot) -> tuple[SliceOutcome, int | None]:
+        deps = self.deps
+        try:
             agent = deps.agents.get_agent(snap.thread.agent)
         except UnknownAgent as error:
             # A deployment without this agent can never run the thread: stall it visibly
             # (``retry`` once the agent is deployed) rather than fail on every sweep.
-            return self._failed(snap, f"{error} in this worker", stall_after=1), None
+            failed = self._failed(snap.thread.failures, f"{error} in this worker", stall_after=1)
+            return failed, None
         self.steering = agent.steering == "interrupt"
         applied = apply_inbox(snap.thread, snap.calls, snap.inbox)
         turn = Turn(snap.next_seq)
@@ -204,18 +256,13 @@ class _Slice:
                 self._converse(agent, snap, applied, turn)
             except SteeredAway:
                 return Steered(self.thread_id), self.seen
-            except ModelError as error:
-                return self._failed(snap, f"{type(error).__name__}: {error}"), None
         return self._commit(snap, applied, turn)
 
-    def _failed(self, snap: Snapshot, error: str, stall_after: int | None = None) -> Failed:
+    def _failed(self, failures: int, error: str, stall_after: int | None = None) -> Failed:
         """Record a failed slice: nothing was consumed; the next try waits (backoff)."""
         deps = self.deps
         settings = deps.settings
-        wait_s = min(
-            settings.failure_backoff_max_s,
-            settings.failure_backoff_s * 2**snap.thread.failures,
-        )
+        wait_s = min(settings.failure_backoff_max_s, settings.failure_backoff_s * 2**failures)
         retry_at = deps.clock() + timedelta(seconds=wait_s)
         info = deps.store.record_failure(
             self.thread_id, error, stall_after or settings.stall_after_failures, retry_at
@@ -371,6 +418,7 @@ class _Slice:
         rows = deps.store.commit(commit)
         if rows is None:
             return Stale(self.thread_id), None
+        self.committed = True
         deps.crash("after_commit")
         self._after_commit(snap, applied, turn, status, rows)
         return settled(self.thread_id, status, applied.calls), self.seen

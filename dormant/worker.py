@@ -268,8 +268,9 @@ def broker_priority(celery_app: Celery, priority: int) -> int:
 class CeleryDispatcher:
     """``Dispatcher`` by task name: a wake sends ``dormant.slice``, a dispatch ``dormant.tool``.
 
-    With ``marks``, a wake is sent only if no slice of the thread is already queued (see
-    ``RedisWakeMarks``): a thread receiving 20 messages gets one or two slices, not 20.
+    With ``marks``, a wake is sent only if no slice of the thread at least as urgent is
+    already queued (see ``RedisWakeMarks``): a thread receiving 20 tool results gets one or
+    two slices, not 20, yet user text behind them still reaches the interactive queue.
     """
 
     def __init__(self, celery_app: Celery, marks: RedisWakeMarks | None = None) -> None:
@@ -277,7 +278,7 @@ class CeleryDispatcher:
         self._marks = marks
 
     def wake(self, thread_id: str, priority: int) -> None:
-        if self._marks is not None and not self._marks.claim(thread_id):
+        if self._marks is not None and not self._marks.claim(thread_id, priority):
             return
         queue = QUEUE_INTERACTIVE if priority >= Priority.INTERACTIVE else QUEUE_BACKGROUND
         try:

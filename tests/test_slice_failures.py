@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dormant import Agent
+import pytest
+
+from dormant import Agent, LocalSystem
 from dormant.errors import ModelFatal, ModelRetryable
 from dormant.messages import AssistantTurn, Item, StatusChanged
 from dormant.models import reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.settings import Settings
 from dormant.slice import Busy, Failed, Idle, Stale, Stalled
-from dormant.stores.base import InboxState, ThreadStatus
+from dormant.stores.base import InboxState, ThreadInfo, ThreadStatus
+from dormant.stores.memory import MemoryStore
 from tests.harness import Harness
 
 
@@ -163,3 +168,90 @@ def replace_agents(h: Harness) -> object:
     from dormant.agents import AgentRegistry
 
     return replace(h.deps, agents=AgentRegistry([Agent("other", model=Flaky(0))]))
+
+
+class Crashing:
+    """A provider adapter with a bug: it raises a plain ``KeyError``, not a ``ModelError``."""
+
+    name, context_window = "crashing", 1000
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        self.calls += 1
+        return {}["choices"]  # type: ignore[no-any-return]
+
+
+def test_a_plain_exception_from_the_model_is_a_recorded_failure_that_stalls_the_thread() -> None:
+    model = Crashing()
+    h = Harness(Agent("a", model=model), settings=settings(failure_backoff_s=3.0))
+    t = h.launch("a", "hi")
+    first = h.step(t)
+    assert isinstance(first, Failed) and not first.stalled
+    assert first.error == "KeyError: 'choices'"
+    info = h.thread(t)
+    assert (info.status, info.failures, info.last_error) == ("idle", 1, "KeyError: 'choices'")
+    assert info.retry_at is not None and info.retry_at > info.updated_at  # backoff, not a spin
+    assert h.history(t) == [] and [r.state for r in h.store.inbox(t)] == [InboxState.PENDING]
+    second = h.step(t)
+    assert isinstance(second, Failed) and second.stalled
+    assert h.thread(t).status is ThreadStatus.STALLED
+    assert isinstance(h.step(t), Stalled)
+    assert model.calls == 2
+
+
+def test_an_exception_in_the_agents_own_code_fails_the_slice_visibly() -> None:
+    """Not only the model: any exception between load and commit is a recorded failure."""
+    from dormant import tool
+
+    @tool
+    def lookup(key: str) -> str:
+        """Look a key up."""
+        return key
+
+    def explode(*_: object) -> object:
+        raise RuntimeError("agent bug in thread set-up")
+
+    agent = Agent("a", model=Flaky(0), tools=[lookup])
+    object.__setattr__(agent, "specs", explode)  # the agent's own code raises mid-slice
+    h = Harness(agent, settings=settings())
+    t = h.launch("a", "hi")
+    outcome = h.step(t)
+    assert isinstance(outcome, Failed)
+    assert h.thread(t).last_error == "RuntimeError: agent bug in thread set-up"
+
+
+def test_a_failure_that_cannot_be_recorded_propagates_logged_and_frees_the_lease(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Unreachable(MemoryStore):
+        def record_failure(self, *args: object, **kwargs: object) -> ThreadInfo:
+            raise ConnectionError("database unreachable")
+
+    h = Harness(Agent("a", model=Crashing()), settings=settings(), store=Unreachable())
+    t = h.launch("a", "hi")
+    with (
+        caplog.at_level(logging.ERROR, logger="dormant.slice"),
+        pytest.raises(ConnectionError, match="database unreachable"),
+    ):
+        h.step(t)
+    assert any(t in r.getMessage() and r.levelno == logging.ERROR for r in caplog.records)
+    assert not h.lease.held(t)  # the next wake runs, it does not find a phantom holder
+
+
+def test_a_local_system_stalls_a_thread_whose_model_raises_a_plain_exception() -> None:
+    model = Crashing()
+    config = settings(failure_backoff_s=0.01, stall_after_failures=3, sweep_interval_s=0.05)
+    with LocalSystem([Agent("a", model=model)], "memory://", settings=config) as system:
+        t = system.launch("a", "hi")
+        deadline = time.monotonic() + 60
+        while system.thread(t).status is not ThreadStatus.STALLED:
+            assert time.monotonic() < deadline, f"not stalled: {system.thread(t)}"
+            system.run_until_idle(timeout_s=60)  # a background failure would raise here
+        info = system.thread(t)
+        assert (info.status, info.failures) == (ThreadStatus.STALLED, 3)
+        assert info.last_error == "KeyError: 'choices'"
+        assert model.calls == 3  # three tries with backoff, then nothing more
+        system.run_until_idle(timeout_s=60)
+        assert model.calls == 3

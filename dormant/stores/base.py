@@ -227,6 +227,10 @@ class SliceStore(Protocol):
         """The thread as a slice sees it; raises ``UnknownThread``."""
         ...
 
+    def thread(self, thread_id: str) -> ThreadInfo:
+        """The thread's record alone (a slice whose ``load`` failed records the failure)."""
+        ...
+
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
         """Write atomically; the new outbox rows, or None when ``version`` moved (stale)."""
         ...

@@ -37,6 +37,15 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# KEYS[1] the wake mark, ARGV[1] the wake's priority, ARGV[2] the mark's ttl in ms.
+_CLAIM = """
+local queued = tonumber(redis.call('GET', KEYS[1]) or '-1')
+if queued >= tonumber(ARGV[1]) then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
@@ -133,26 +142,33 @@ class RedisDedup:
 
 
 class RedisWakeMarks:
-    """At most one queued slice task per thread, as a hint: "a wake is already queued".
+    """At most one queued slice task per thread and priority, as a hint: "a wake at least
+    this urgent is already queued".
 
-    ``claim`` is ``SET NX PX``: only the first waker sends a task; the slice ``clear``s the
-    mark before it loads the inbox, so a message committed before a suppressed wake is
-    always seen by that queued slice. A mark expires after ``ttl_s``, so a task the broker
-    lost is re-sent by the sweeper after at most that long. On a Redis failure every
-    wake is sent: duplicates are harmless, silence is not.
+    The mark holds the highest priority queued. ``claim`` (a Lua compare-and-set) admits a
+    wake only if nothing as urgent is queued: twenty tool results send one slice, but user
+    text arriving behind them still sends its own to the interactive queue instead of
+    waiting behind the background backlog. The slice ``clear``s the mark before it loads the
+    inbox, so a message committed before a suppressed wake is always seen by a queued slice
+    at least as urgent. A mark expires after ``ttl_s``, so a task the broker lost is re-sent
+    by the sweeper after at most that long. On a Redis failure every wake is sent:
+    duplicates are harmless, silence is not.
     """
 
     def __init__(self, client: Redis, prefix: str, ttl_s: float) -> None:
         self._client = client
         self._prefix = prefix
         self._ttl_s = ttl_s
+        self._claim = client.register_script(_CLAIM)
 
     def _key(self, thread_id: str) -> str:
         return f"{self._prefix}:queued:{thread_id}"
 
-    def claim(self, thread_id: str) -> bool:
+    def claim(self, thread_id: str, priority: int) -> bool:
+        """Whether this wake must be sent: no wake of ``priority`` or higher is queued."""
         try:
-            return bool(self._client.set(self._key(thread_id), "1", nx=True, px=_ms(self._ttl_s)))
+            key = self._key(thread_id)
+            return bool(self._claim(keys=[key], args=[int(priority), _ms(self._ttl_s)]))
         except redis.RedisError:
             log.warning("wake mark failed for thread %s; sending anyway", thread_id, exc_info=True)
             return True

@@ -3,8 +3,12 @@
 Every rule that matters is a SQL guarantee, never a check-then-write: the version guard is
 an ``UPDATE ... WHERE version = :expected``, dedup is a unique key, timers are claimed by a
 conditional ``UPDATE`` (with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL so sweepers never
-queue behind each other). SQLite write transactions start with ``BEGIN IMMEDIATE`` so two
-writers serialise on the lock instead of failing on a stale read snapshot.
+queue behind each other).
+
+On SQLite a busy database is waited for, never a failed slice (``sql_engine.py`` says how);
+here, the threads of one process queue for SQLite's one write lock on a Python lock rather
+than in SQLite's sleep-and-poll busy handler, which can starve one waiter for seconds on a
+loaded machine, and every transaction is run again if SQLite still reports it busy.
 """
 
 from __future__ import annotations
@@ -19,23 +23,11 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import (
-    Connection,
-    Engine,
-    and_,
-    case,
-    create_engine,
-    event,
-    func,
-    or_,
-    select,
-    update,
-)
-from sqlalchemy.engine import URL, make_url
+from sqlalchemy import Connection, Engine, and_, case, func, or_, select, update
+from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.pool import StaticPool
 
-from dormant.errors import ConfigurationError, DuplicateMessage, UnknownCall, UnknownThread
+from dormant.errors import DuplicateMessage, UnknownCall, UnknownThread
 from dormant.messages import Inbound, InboundAdapter
 from dormant.stores import sql_rows as rows
 from dormant.stores.base import (
@@ -53,6 +45,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.lineage import next_seq, visible_history
+from dormant.stores.sql_engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
 from dormant.stores.sql_rows import (
     SCHEMA_OPTION,
     call_record,
@@ -72,61 +65,13 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 VERSION_TABLE = "dormant_alembic_version"
 """Not ``alembic_version``: an application's own migrations may share the database. With a
 table prefix it is prefixed too (``myapp_dormant_alembic_version``)."""
-SQLITE_BUSY_TIMEOUT_MS = 5_000
-_SQLITE_BEGIN = "dormant_sqlite_begin"
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
 
 
-# Engines and migrations --------------------------------------------------------------
-
-
-def make_engine(database_url: str, *, echo: bool = False) -> Engine:
-    """An engine for ``sqlite://...`` or ``postgresql://...`` (driven by psycopg 3)."""
-    url = make_url(database_url)
-    if url.drivername in ("postgresql", "postgres"):
-        url = url.set(drivername="postgresql+psycopg")
-    backend = url.get_backend_name()
-    if backend == "sqlite":
-        return _sqlite_engine(url, echo)
-    if backend == "postgresql":
-        return create_engine(url, echo=echo, pool_pre_ping=True)
-    shown = url.render_as_string(hide_password=True)
-    raise ConfigurationError(f"unsupported database {shown!r}: use sqlite:// or postgresql://")
-
-
-def _is_memory(url: URL) -> bool:
-    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
-
-
-def _sqlite_engine(url: URL, echo: bool) -> Engine:
-    if _is_memory(url):
-        # One connection for the engine's lifetime: a second would open an empty database.
-        engine = create_engine(
-            url, echo=echo, poolclass=StaticPool, connect_args={"check_same_thread": False}
-        )
-    else:
-        engine = create_engine(url, echo=echo)
-    event.listen(engine, "connect", _sqlite_connect)
-    event.listen(engine, "begin", _sqlite_begin)
-    return engine
-
-
-def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
-    """Take transaction control from the sqlite3 module (it never BEGINs before a SELECT)."""
-    dbapi_connection.isolation_level = None
-    cursor = dbapi_connection.cursor()
-    cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-    cursor.execute("PRAGMA foreign_keys = ON")
-    cursor.execute("PRAGMA journal_mode = WAL")
-    cursor.execute("PRAGMA synchronous = NORMAL")
-    cursor.close()
-
-
-def _sqlite_begin(conn: Connection) -> None:
-    conn.exec_driver_sql(f"BEGIN {conn.get_execution_options().get(_SQLITE_BEGIN, 'DEFERRED')}")
+# Migrations --------------------------------------------------------------------------
 
 
 def _alembic_config(url: URL, table_prefix: str) -> Config:
@@ -176,9 +121,15 @@ class SQLStore:
         self._schema = schema(table_prefix)
         self._engine = make_engine(database_url, echo=echo)
         self._postgres = self._engine.dialect.name == "postgresql"
-        memory = _is_memory(self._engine.url)
+        memory = is_memory(self._engine.url)
         # A StaticPool's one connection must never carry two transactions at once.
         self._serial: AbstractContextManager[Any] = threading.RLock() if memory else nullcontext()
+        # SQLite has one writer: this process's threads queue here, in order, rather than
+        # in SQLite's sleep-and-poll busy handler.
+        sqlite_file = self._engine.dialect.name == "sqlite" and not memory
+        self._writer: AbstractContextManager[Any] = (
+            threading.Lock() if sqlite_file else nullcontext()
+        )
         if memory:
             _migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
@@ -200,10 +151,11 @@ class SQLStore:
             with self._caller.begin_nested():
                 yield self._caller
             return
-        with self._serial, self._engine.connect() as conn:
+        writer = self._writer if write else nullcontext()
+        with self._serial, writer, self._engine.connect() as conn:
             conn.execution_options(**{SCHEMA_OPTION: self._schema})
             if write:
-                conn.execution_options(**{_SQLITE_BEGIN: "IMMEDIATE"})
+                conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
             if snapshot and self._postgres:
                 conn.execution_options(isolation_level="REPEATABLE READ")
             with conn.begin():
@@ -211,14 +163,17 @@ class SQLStore:
 
     # threads -------------------------------------------------------------------------
 
+    @retry_busy
     def create_thread(self, thread: NewThread) -> ThreadInfo:
         with self._tx(write=True) as conn:
             return rows.create_thread(conn, thread, _now())
 
+    @retry_busy
     def thread(self, thread_id: str) -> ThreadInfo:
         with self._tx() as conn:
             return rows.get_thread(conn, thread_id)
 
+    @retry_busy
     def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
         threads = self._schema.threads
         query = select(threads).order_by(threads.c.created_at.desc(), threads.c.id.desc())
@@ -251,7 +206,8 @@ class SQLStore:
             updated_at=_now(),
         )
 
-    def _update_thread(self, thread_id: str, **values: Any) -> ThreadInfo:
+    @retry_busy
+    def _update_thread(self, thread_id: str, /, **values: Any) -> ThreadInfo:
         """Change a thread outside a commit; every change moves the version (fencing)."""
         threads = self._schema.threads
         stmt = (
@@ -268,6 +224,7 @@ class SQLStore:
 
     # inbox ---------------------------------------------------------------------------
 
+    @retry_busy
     def enqueue(self, thread_id: str, message_id: str, message: Inbound, priority: int) -> InboxRow:
         inbox = self._schema.inbox
         values = inbox_values(thread_id, message_id, message, priority, _now())
@@ -281,11 +238,13 @@ class SQLStore:
                 raise DuplicateMessage(thread_id, message_id) from exc
             raise
 
+    @retry_busy
     def add_timer(self, thread_id: str, timer: NewTimer) -> None:
         with self._tx(write=True) as conn:
             rows.get_thread(conn, thread_id)
             rows.insert_timers(conn, thread_id, [timer])
 
+    @retry_busy
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
     ) -> bool:
@@ -298,6 +257,7 @@ class SQLStore:
         with self._tx() as conn:
             return conn.execute(query.limit(1)).first() is not None
 
+    @retry_busy
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
         inbox = self._schema.inbox
         query = select(inbox).where(inbox.c.thread_id == thread_id).order_by(inbox.c.id)
@@ -311,6 +271,7 @@ class SQLStore:
 
     # slice ---------------------------------------------------------------------------
 
+    @retry_busy
     def load(self, thread_id: str) -> Snapshot:
         t = self._schema
         calls, inbox = t.calls, t.inbox
@@ -331,21 +292,25 @@ class SQLStore:
                 next_seq=next_seq(info, items),
             )
 
+    @retry_busy
     def history(self, thread_id: str) -> list[StoredItem]:
         with self._tx(snapshot=True) as conn:
             info = rows.get_thread(conn, thread_id)
             return visible_history(rows.ConnectionReader(conn), info)
 
+    @retry_busy
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
         with self._tx(snapshot=True) as conn:
             rows.get_thread(conn, thread_id)
             return rows.own_items(conn, thread_id, upto_seq)
 
+    @retry_busy
     def children(self, thread_id: str) -> list[ThreadInfo]:
         with self._tx() as conn:
             rows.get_thread(conn, thread_id)
             return rows.children(conn, thread_id)
 
+    @retry_busy
     def call(self, thread_id: str, call_id: str) -> CallRecord:
         calls = self._schema.calls
         query = select(calls).where(calls.c.thread_id == thread_id, calls.c.call_id == call_id)
@@ -356,6 +321,7 @@ class SQLStore:
                 raise UnknownCall(thread_id, call_id)
             return call_record(row)
 
+    @retry_busy
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
         items = self._schema.items
         now = _now()
@@ -384,6 +350,7 @@ class SQLStore:
     def mark_ran(self, outbox_ids: list[int]) -> None:
         self._stamp_unran(outbox_ids, "ran_at")
 
+    @retry_busy
     def _stamp_unran(self, outbox_ids: list[int], column: str) -> None:
         """Set ``column`` to now on rows no worker has run yet (a ran row is final)."""
         outbox = self._schema.outbox
@@ -398,6 +365,7 @@ class SQLStore:
 
     # sweeper -------------------------------------------------------------------------
 
+    @retry_busy
     def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
         """Claim due timers and queue their messages, atomically per claim."""
         timers = self._schema.timers
@@ -424,6 +392,7 @@ class SQLStore:
                     fired.append(row)
         return fired
 
+    @retry_busy
     def undispatched(
         self, older_than: datetime, limit: int = 100, *, lost_before: datetime | None = None
     ) -> list[OutboxRow]:
@@ -444,6 +413,7 @@ class SQLStore:
         with self._tx() as conn:
             return [outbox_row(r) for r in conn.execute(query).mappings()]
 
+    @retry_busy
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads with rows no slice has looked at, the longest-waiting first; stalled
         ones wait for ``retry``."""
@@ -468,6 +438,7 @@ class SQLStore:
         with self._tx() as conn:
             return list(conn.execute(query).scalars())
 
+    @retry_busy
     def next_timer_due(self) -> datetime | None:
         timers = self._schema.timers
         query = (

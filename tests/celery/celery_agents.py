@@ -119,6 +119,18 @@ class _Flaky:
         return reply(f"answered on call {calls}")
 
 
+@dataclass
+class _Buggy:
+    """A provider adapter with a bug: every completion raises a plain ``KeyError``."""
+
+    name: str = "buggy"
+    context_window: int = 128_000
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        _redis().incr(_key("calls", request.thread_id))
+        return {}["choices"]  # type: ignore[no-any-return]
+
+
 @tool
 def add(a: int, b: int) -> int:
     """Add two numbers."""
@@ -149,8 +161,9 @@ triage = Agent(
 
 flaky = Agent("flaky", model=_Flaky(failures=1))
 broken = Agent("broken", model=_Flaky(failures=-1))
+buggy = Agent("buggy", model=_Buggy())
 
-AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken]
+AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy]
 
 
 @worker_ready.connect

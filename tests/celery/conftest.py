@@ -6,6 +6,10 @@ dormant's Redis keys and its own broker key prefix (kombu's ``global_keyprefix``
 and tests never see each other's tasks; its keys are deleted at teardown. Workers and beat
 are ``python -m celery -A dormant.worker ...`` subprocesses, killed at teardown. Without a
 server the tests are skipped loudly, except in CI (``CI=true``) where that is a failure.
+
+Deadlines scale with how slow the machine is right now (``slowness``): a wait returns as
+soon as its condition holds, and on a loaded machine (other test runs, CPU hogs) it waits
+proportionally longer before calling anything lost. A slow start is never a lost message.
 """
 
 from __future__ import annotations
@@ -36,6 +40,12 @@ FLUSH_REDIS_DB = int(os.environ.get("DORMANT_TEST_FLUSH_REDIS_DB", "7"))
 """A Redis database the flush test may FLUSHDB (only if it holds nothing but this run's keys)."""
 FLUSH_REDIS_URL = f"{REDIS_URL.rsplit('/', 1)[0]}/{FLUSH_REDIS_DB}"
 QUEUES = "dormant.interactive,dormant.background,dormant.tools"
+SLOWNESS = float(os.environ.get("DORMANT_TEST_SLOWNESS", "1"))
+"""A factor on every deadline, on top of the measured load (for machines slow at rest)."""
+WORKER_START_S = 60.0
+"""How long a worker may take to start on an idle machine (imports, broker connection)."""
+TEST_TIMEOUT_S = 300.0
+"""A Celery test's hang guard (pytest-timeout) on an idle machine, scaled like deadlines."""
 _CLI = (
     "import typer; from dormant.cli_celery import beat, worker; app = typer.Typer(); "
     "app.command()(worker); app.command()(beat); app()"
@@ -66,6 +76,18 @@ def redis_server() -> Iterator[redis.Redis]:
     client.close()
 
 
+def slowness() -> float:
+    """How many times slower than an idle machine this one is now: the 1-minute load
+    average per core (at least 1), times ``DORMANT_TEST_SLOWNESS``."""
+    per_core = os.getloadavg()[0] / (os.cpu_count() or 1)
+    return SLOWNESS * max(1.0, per_core)
+
+
+def scaled(timeout_s: float) -> float:
+    """``timeout_s`` of an idle machine, as seconds on this machine now."""
+    return timeout_s * slowness()
+
+
 def wait_until(
     predicate: Callable[[], Any],
     timeout_s: float,
@@ -73,18 +95,37 @@ def wait_until(
     *,
     check: Callable[[], None] = lambda: None,
     poll_s: float = 0.05,
+    detail: Callable[[], str] = lambda: "",
 ) -> Any:
-    """Poll ``predicate`` until it is truthy (returned) or ``timeout_s`` passes (failure).
-    ``check`` runs on every poll to fail fast (a worker that died)."""
-    deadline = time.monotonic() + timeout_s
+    """Poll ``predicate`` until it is truthy (returned) or ``timeout_s`` of idle-machine
+    time passes (failure, with ``detail()`` appended). Each poll's wall time counts divided
+    by the current ``slowness``, so a loaded machine gets proportionally longer. ``check``
+    runs on every poll to fail fast (a worker that died)."""
+    started = last = time.monotonic()
+    spent_s = 0.0
     while True:
         check()
         value = predicate()
         if value:
             return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        now = time.monotonic()
+        spent_s += (now - last) / slowness()
+        last = now
+        if spent_s > timeout_s:
+            pytest.fail(
+                f"timed out waiting for {what}: {timeout_s} s of idle-machine time "
+                f"({now - started:.0f} s of wall time at load {os.getloadavg()[0]:.1f})" + detail()
+            )
         time.sleep(poll_s)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[Any]:
+    """Give each Celery test a hang guard scaled to the machine's load when it starts (set
+    before pytest-timeout reads it); the waits inside scale themselves as they go."""
+    if Path(str(item.path)).is_relative_to(HERE) and item.get_closest_marker("timeout") is None:
+        item.add_marker(pytest.mark.timeout(scaled(TEST_TIMEOUT_S)))
+    return (yield)
 
 
 @dataclass
@@ -172,7 +213,7 @@ class Deployment:
         self.procs.append(proc)
         return proc
 
-    def wait_ready(self, *workers: Proc, timeout_s: float = 30) -> None:
+    def wait_ready(self, *workers: Proc, timeout_s: float = WORKER_START_S) -> None:
         """Until each worker has connected and announced itself (``worker_ready``)."""
         for worker in workers:
             wait_until(

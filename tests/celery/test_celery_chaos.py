@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 import pytest
 from chaos_agents import busy_key, completions_key, plan, slice_tasks_key, tool_runs_key
-from conftest import Deployment, wait_until
+from conftest import WORKER_START_S, Deployment, scaled, wait_until
 from sqlalchemy import Engine, text
 
 from dormant.client import Client
@@ -189,7 +189,7 @@ def test_workers_killed_at_random_lose_and_duplicate_nothing(
             # The victim is one that consumes (a worker still booting has nothing to lose).
             ready = wait_until(
                 lambda: [w for w in workers if d.redis.exists(d.key("ready", w.name))],
-                30,
+                WORKER_START_S,
                 "a worker to be ready to die",
                 check=d.check_alive,
             )
@@ -217,7 +217,7 @@ def test_workers_killed_at_random_lose_and_duplicate_nothing(
         raise
     finally:
         for sender in senders:
-            sender.join(timeout=30)
+            sender.join(timeout=scaled(30))
     assert not errors, errors
     assert not any(s.is_alive() for s in senders), "a sender hung"
     chaos_done = time.monotonic()
@@ -226,18 +226,20 @@ def test_workers_killed_at_random_lose_and_duplicate_nothing(
     d.wait_ready(*workers)  # the two survivors
     engine = make_engine(d.env["DORMANT_DATABASE_URL"])
     try:
-        deadline = time.monotonic() + SETTLE_S
-        while (left := _unsettled(engine, thread_ids)) != (0, 0, 0, 0):
-            d.check_alive()
-            if time.monotonic() > deadline:
-                stuck = [
+        wait_until(
+            lambda: _unsettled(engine, thread_ids) == (0, 0, 0, 0),
+            SETTLE_S,
+            "every thread to settle after the chaos",
+            check=d.check_alive,
+            poll_s=0.25,
+            detail=lambda: (
+                f"\nseed {seed}: (not idle, inbox, outbox, timers) = "
+                f"{_unsettled(engine, thread_ids)}:\n"
+                + "\n".join(
                     _dump(client, t) for t in thread_ids if _unsettled(engine, [t]) != (0, 0, 0, 0)
-                ]
-                pytest.fail(
-                    f"seed {seed}: not settled {SETTLE_S:.0f} s after the chaos "
-                    f"(not idle, inbox, outbox, timers = {left}):\n" + "\n".join(stuck)
                 )
-            time.sleep(0.25)
+            ),
+        )
     finally:
         engine.dispose()
     settled = time.monotonic()

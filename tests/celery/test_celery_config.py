@@ -126,7 +126,7 @@ class _Marks:
     def __init__(self) -> None:
         self.queued: set[str] = set()
 
-    def claim(self, thread_id: str) -> bool:
+    def claim(self, thread_id: str, priority: int = 0) -> bool:
         if thread_id in self.queued:
             return False
         self.queued.add(thread_id)

@@ -42,3 +42,26 @@ def test_a_failed_completion_is_retried_and_a_hopeless_thread_stalls(
     assert "provider refused" in info.last_error
     assert client.history(broken) == []  # the user text was not consumed by a failure...
     assert [r.state for r in client.store.inbox(broken)] == [InboxState.PENDING]  # ...kept
+
+
+def test_a_model_raising_a_plain_exception_stalls_its_thread_with_the_error(
+    deploy: Callable[..., Deployment],
+) -> None:
+    d = deploy(DORMANT_STALL_AFTER_FAILURES="3")
+    worker = d.start_worker("w1", concurrency=2)
+    d.start_beat()
+    d.wait_ready(worker)
+    client = d.client()
+    buggy = client.launch("buggy", "hello")
+
+    wait_until(
+        lambda: client.thread(buggy).status is ThreadStatus.STALLED,
+        60,
+        "the thread whose model raises KeyError to stall",
+        check=d.check_alive,
+        poll_s=0.1,
+    )
+    info = client.thread(buggy)
+    assert (info.failures, info.last_error) == (3, "KeyError: 'choices'")
+    assert int(d.redis.get(d.key("calls", buggy)) or 0) == 3  # three tries, not a spin
+    assert [r.state for r in client.store.inbox(buggy)] == [InboxState.PENDING]

@@ -7,7 +7,7 @@ import multiprocessing
 from collections.abc import Callable
 
 from celery_senders import send_messages
-from conftest import Deployment, wait_until
+from conftest import Deployment, scaled, wait_until
 
 from dormant.client import Client
 from dormant.messages import AssistantTurn, UserText
@@ -47,7 +47,7 @@ def test_concurrent_senders_keep_order_and_no_slices_overlap(
             pool.apply_async(send_messages, (d.env, sender, thread_ids, PER_SENDER))
             for sender in range(SENDERS)
         ]
-        assert sum(s.get(timeout=90) for s in sends) == THREADS * SENDERS * PER_SENDER
+        assert sum(s.get(timeout=scaled(90)) for s in sends) == THREADS * SENDERS * PER_SENDER
 
     remaining = set(thread_ids)
 

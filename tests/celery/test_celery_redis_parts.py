@@ -13,6 +13,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from dormant.messages import Chunk, ItemAdded, UserText
+from dormant.stores.base import Priority
 from dormant.stores.redis import RedisDedup, RedisEvents, RedisLease, RedisWakeMarks
 
 
@@ -68,13 +69,19 @@ def test_the_dedup_set_expires_and_reads_unseen_when_redis_is_gone(
     down.add("t1", ["m1"])  # logged, not raised: the commit already happened
 
 
-def test_a_wake_mark_admits_one_waker_until_cleared(redis_server: redis.Redis, prefix: str) -> None:
+def test_a_wake_mark_admits_one_waker_per_priority_until_cleared(
+    redis_server: redis.Redis, prefix: str
+) -> None:
     marks = RedisWakeMarks(redis_server, prefix, ttl_s=30)
-    assert marks.claim("t1")
-    assert not marks.claim("t1")
-    assert marks.claim("t2")
+    assert marks.claim("t1", Priority.BACKGROUND)
+    assert not marks.claim("t1", Priority.BACKGROUND)
+    assert not marks.claim("t1", 0)  # the queued slice is more urgent than the sweeper's
+    assert marks.claim("t1", Priority.INTERACTIVE)  # user text does not wait behind it
+    assert not marks.claim("t1", Priority.INTERACTIVE)
+    assert not marks.claim("t1", Priority.BACKGROUND)
+    assert marks.claim("t2", Priority.BACKGROUND)
     marks.clear("t1")
-    assert marks.claim("t1")
+    assert marks.claim("t1", 0)
 
 
 def test_events_are_published_and_the_recent_ones_kept_without_chunks(

@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 import pytest
-from conftest import Deployment, Proc, wait_until
+from conftest import WORKER_START_S, Deployment, Proc, wait_until
 
 from dormant.client import Client
 from dormant.messages import AssistantTurn
@@ -66,13 +66,20 @@ def _start_flower(d: Deployment) -> Flower:
     # Flower's task list is built from the events it receives: persistence stays off.
     proc = d._start("flower", argv, {"FLOWER_UNAUTHENTICATED_API": "true"})
     flower = Flower(proc, port)
-    deadline = time.monotonic() + 20
-    while flower.tasks() is None:
+
+    def exited() -> None:
         if not proc.alive():
             _flower_unavailable(f"flower exited with {proc.popen.returncode}:\n{proc.log()}")
-        if time.monotonic() > deadline:
-            _flower_unavailable(f"flower did not answer on {flower.url} in 20 s:\n{proc.log()}")
-        time.sleep(0.1)
+
+    # A slow start is not a missing Flower: wait as long as any process start.
+    wait_until(
+        lambda: flower.tasks() is not None,
+        WORKER_START_S,
+        f"flower to answer on {flower.url}",
+        check=exited,
+        poll_s=0.1,
+        detail=proc.log,
+    )
     return flower
 
 
