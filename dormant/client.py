@@ -297,6 +297,7 @@ class Client(BaseClient):
 
     @classmethod
     def from_settings(cls, settings: Settings, *, agents: AgentRegistry | None = None) -> Client:
+        from dormant.labels import LabelledSQLStore, TaskLabels
         from dormant.stores.redis import (
             RedisDedup,
             RedisEvents,
@@ -305,13 +306,13 @@ class Client(BaseClient):
             redis_client,
             wake_mark_ttl_s,
         )
-        from dormant.stores.sql import SQLStore
         from dormant.worker import client_dispatcher
 
         redis = redis_client(settings)
-        store = SQLStore(settings.database_url)
+        # The agents of threads this client launched or read name their slices in Flower.
+        store = LabelledSQLStore(settings.database_url, TaskLabels())
         marks = RedisWakeMarks(redis, settings.key_prefix, wake_mark_ttl_s(settings))
-        dispatcher = client_dispatcher(settings, marks)
+        dispatcher = client_dispatcher(settings, marks, store.labels)
 
         def close() -> None:
             store.close()

@@ -14,6 +14,7 @@
     │   ├── MalformedMessage
     │   ├── ThreadBusy              user text while a slice runs ("reject" steering)
     │   └── DuplicateMessage        the message id was already received
+    ├── SliceFailed                 a slice failed or met a stalled thread (already recorded)
     ├── ModelError                  the provider failed
     │   ├── ModelRetryable          rate limit, 5xx, dropped or truncated stream
     │   └── ModelFatal              bad request, auth: retrying cannot help
@@ -42,6 +43,7 @@ __all__ = [
     "ModelRetryable",
     "NotFound",
     "PayloadTooLarge",
+    "SliceFailed",
     "SteeredAway",
     "SubscriptionCancelled",
     "ThreadBusy",
@@ -133,6 +135,28 @@ class DuplicateMessage(MessageRejected):
         super().__init__(f"message {message_id!r} was already received by thread {thread_id!r}")
         self.thread_id = thread_id
         self.message_id = message_id
+
+
+class SliceFailed(DormantError):
+    """Raised by the Celery slice task after the failure is recorded in the store, so the
+    task ends as a FAILURE (Flower counts it, with this message) and its message is acked:
+    the inbox rows stay in SQL and the retry is the store's backoff or ``dormant retry``."""
+
+    def __init__(self, thread_id: str, reason: str, *, stalled: bool) -> None:
+        state = "is stalled" if stalled else "failed"
+        super().__init__(f"thread {thread_id!r} {state}: {reason}")
+        self.thread_id = thread_id
+        self.reason = reason
+        self.stalled = stalled
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Celery round-trips a task's exception through pickle before reporting it and
+        # reports the nearest base class that survives; this keeps SliceFailed itself.
+        return (_slice_failed, (self.thread_id, self.reason, self.stalled))
+
+
+def _slice_failed(thread_id: str, reason: str, stalled: bool) -> SliceFailed:
+    return SliceFailed(thread_id, reason, stalled=stalled)
 
 
 class ModelError(DormantError):
