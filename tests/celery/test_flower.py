@@ -127,6 +127,7 @@ def _wait_until_flower_listens(d: Deployment, client: Client, flower: Flower) ->
     wait_until(seen, DEADLINE_S, "Flower to receive task events", check=d.check_alive, poll_s=0.2)
 
 
+@pytest.mark.timeout(300)
 def test_flower_names_slices_by_agent_and_tools_by_tool_and_says_what_the_thread_waits_on(
     deploy: Callable[..., Deployment],
 ) -> None:
@@ -189,6 +190,7 @@ def _metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
+@pytest.mark.timeout(300)  # three processes start on a loaded machine
 def test_a_stalled_threads_slices_are_failures_with_the_reason_in_flower_and_its_metrics(
     deploy: Callable[..., Deployment],
 ) -> None:
@@ -233,12 +235,16 @@ def test_a_stalled_threads_slices_are_failures_with_the_reason_in_flower_and_its
         worker=hostname,
     )
     assert failed >= 2, metrics
-    assert _metric(metrics, "flower_worker_online", worker=hostname) == 1, metrics
 
-    # Acked, not requeued: nothing of this deployment is left in the broker.
+    # Acked, not requeued: no message of this deployment is queued or unacknowledged.
     def broker_empty() -> bool:
         keys = list(d.redis.scan_iter(match=f"{d.prefix}:broker:*", count=1000))
-        return not [k for k in keys if "unacked" in k or "dormant." in k]
+        held = {k: d.redis.type(k) for k in keys}
+        return not [
+            k
+            for k, kind in held.items()
+            if (kind == "list" and d.redis.llen(k)) or (kind == "hash" and d.redis.hlen(k))
+        ]
 
     wait_until(broker_empty, DEADLINE_S, "the broker to hold no message", check=d.check_alive)
     log = worker.log()
@@ -246,6 +252,7 @@ def test_a_stalled_threads_slices_are_failures_with_the_reason_in_flower_and_its
     assert "Traceback" not in log, log
 
 
+@pytest.mark.timeout(300)
 def test_sweeps_are_neither_rows_in_flower_nor_lines_in_the_worker_log(
     deploy: Callable[..., Deployment],
 ) -> None:
@@ -294,6 +301,7 @@ def test_sweeps_are_neither_rows_in_flower_nor_lines_in_the_worker_log(
     assert log.count("sweep re-drove work") < sent / 2, log  # the re-drives, not every sweep
 
 
+@pytest.mark.timeout(300)
 def test_flower_needs_no_agents_but_a_worker_without_them_exits_saying_so(
     deploy: Callable[..., Deployment],
 ) -> None:
