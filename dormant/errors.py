@@ -143,8 +143,8 @@ class SliceFailed(DormantError):
     the inbox rows stay in SQL and the retry is the store's backoff or ``dormant retry``."""
 
     def __init__(self, thread_id: str, reason: str, *, stalled: bool) -> None:
-        state = "is stalled" if stalled else "failed"
-        super().__init__(f"thread {thread_id!r} {state}: {reason}")
+        # The reason first: Flower's exception column shows the start of the message.
+        super().__init__(f"{'stalled' if stalled else 'failed'}: {reason} (thread {thread_id!r})")
         self.thread_id = thread_id
         self.reason = reason
         self.stalled = stalled

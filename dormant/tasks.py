@@ -68,6 +68,7 @@ from dormant.worker import (
 __all__ = ["LazyRuntime", "Runtime", "outcome_text", "register_tasks"]
 
 log = logging.getLogger("dormant.tasks")
+_STALLED = "thread %s is stalled: %s (dormant retry re-drives it)"
 
 
 @dataclass(frozen=True)
@@ -189,9 +190,8 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
             return "lease lost: another slice took the thread"
         match outcome:
             case Failed(error=error, stalled=True):
-                failure = SliceFailed(thread_id, error, stalled=True)
-                log.warning("%s (dormant retry %s re-drives it)", failure, thread_id)
-                raise failure
+                log.warning(_STALLED, thread_id, error)
+                raise SliceFailed(thread_id, error, stalled=True)
             case Failed(error=error, retry_at=retry_at) if retry_at is not None:
                 countdown_s = (retry_at - datetime.now(UTC)).total_seconds()
                 if countdown_s < rt.settings.visibility_timeout_s / 2:  # never a long ETA

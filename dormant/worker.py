@@ -130,10 +130,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # cannot be cancelled, but the redelivered slice is fenced by the lease and version.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         # Flower shows every slice, its thread_id kwarg and its outcome string (sent in the
-        # task-succeeded event); no result backend is needed for that. Beat processes of
-        # dormant's own app send no task-sent events (see _bare_app): sweeps are not rows.
+        # task-succeeded event); no result backend is needed for that. No task-sent events:
+        # they carry the task's real name, not its display name (dormant.slice[triage]),
+        # and Flower would rename a row back when one arrives after the worker's events.
+        # Queued tasks are counted on Flower's Broker page.
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        "task_send_sent_event": False,
         "task_ignore_result": True,
         "result_backend": None,
         "task_queues": _dormant_queues(),
@@ -158,13 +160,6 @@ def _bare_app(settings: Settings, agents: AgentSource) -> Celery:
     app = Celery("dormant")
     app.conf.update(celery_config(settings))
     install(app, agents, settings=settings)
-
-    def beat_sends_no_sent_events(sender: Any, **_: Any) -> None:
-        # Beat sends only the sweep; its task-sent events would fill Flower with rows.
-        if sender.app is app:
-            app.conf.task_send_sent_event = False
-
-    signals.beat_init.connect(beat_sends_no_sent_events, weak=False)
     return app
 
 
