@@ -431,6 +431,7 @@ class Client(BaseClient):
         celery_app: Celery | None = None,
         on_commit: OnCommit | None = None,
     ) -> Self:
+        from dormant.labels import LabelledSQLStore, TaskLabels
         from dormant.stores.redis import (
             RedisDedup,
             RedisEvents,
@@ -439,16 +440,18 @@ class Client(BaseClient):
             redis_client,
             wake_mark_ttl_s,
         )
-        from dormant.stores.sql import SQLStore
         from dormant.worker import CeleryDispatcher, client_dispatcher
 
         redis = redis_client(settings)
-        store = SQLStore(settings.database_url, table_prefix=settings.table_prefix)
+        # The agents of threads this client launched or read name their slices in Flower.
+        store = LabelledSQLStore(
+            settings.database_url, TaskLabels(), table_prefix=settings.table_prefix
+        )
         marks = RedisWakeMarks(redis, settings.key_prefix, wake_mark_ttl_s(settings))
         if celery_app is None:
-            dispatcher = client_dispatcher(settings, marks)
+            dispatcher = client_dispatcher(settings, marks, store.labels)
         else:
-            dispatcher = CeleryDispatcher(celery_app, marks)
+            dispatcher = CeleryDispatcher(celery_app, marks, labels=store.labels)
 
         def close() -> None:
             store.close()

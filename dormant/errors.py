@@ -21,6 +21,7 @@
     │   ├── CallAnswered            a second, different result for an answered call
     │   └── DuplicateMessage        the message id was already received
     ├── ThreadsFailed               run_until_idle: threads stalled or retrying after failures
+    ├── SliceFailed                 a slice failed or met a stalled thread (already recorded)
     ├── ModelError                  the provider failed
     │   ├── ModelRetryable          rate limit, 5xx, dropped or truncated stream
     │   └── ModelFatal              bad request, auth: retrying cannot help
@@ -59,6 +60,7 @@ __all__ = [
     "PayloadTooLarge",
     "RedisUnavailable",
     "SchemaMissing",
+    "SliceFailed",
     "SteeredAway",
     "SubscriptionCancelled",
     "ThreadBusy",
@@ -205,6 +207,28 @@ class ThreadsFailed(DormantError):
         super().__init__(report.describe())
         self.report = report
         self.thread_ids = [failure.thread_id for failure in report.failed]
+
+
+class SliceFailed(DormantError):
+    """Raised by the Celery slice task after the failure is recorded in the store, so the
+    task ends as a FAILURE (Flower counts it, with this message) and its message is acked:
+    the inbox rows stay in SQL and the retry is the store's backoff or ``dormant retry``."""
+
+    def __init__(self, thread_id: str, reason: str, *, stalled: bool) -> None:
+        # The reason first: Flower's exception column shows the start of the message.
+        super().__init__(f"{'stalled' if stalled else 'failed'}: {reason} (thread {thread_id!r})")
+        self.thread_id = thread_id
+        self.reason = reason
+        self.stalled = stalled
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Celery round-trips a task's exception through pickle before reporting it and
+        # reports the nearest base class that survives; this keeps SliceFailed itself.
+        return (_slice_failed, (self.thread_id, self.reason, self.stalled))
+
+
+def _slice_failed(thread_id: str, reason: str, stalled: bool) -> SliceFailed:
+    return SliceFailed(thread_id, reason, stalled=stalled)
 
 
 class ModelError(DormantError):

@@ -44,6 +44,8 @@ class Idle:
 class Waiting:
     thread_id: str
     call_ids: tuple[str, ...]
+    tools: tuple[str, ...] = ()
+    """The tool name of each pending call, in ``call_ids`` order."""
 
 
 @dataclass(frozen=True)
@@ -92,5 +94,7 @@ SliceOutcome = Busy | Missing | Idle | Waiting | Closed | Stale | Failed | Stall
 def settled(thread_id: str, status: ThreadStatus, calls: dict[str, CallRecord]) -> SliceOutcome:
     if status is ThreadStatus.CLOSED:
         return Closed(thread_id)
-    waiting = tuple(c.call_id for c in pending(calls))
-    return Waiting(thread_id, waiting) if waiting else Idle(thread_id)
+    waiting = pending(calls)
+    if not waiting:
+        return Idle(thread_id)
+    return Waiting(thread_id, tuple(c.call_id for c in waiting), tuple(c.name for c in waiting))

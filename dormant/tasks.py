@@ -1,10 +1,15 @@
 """Thin Celery tasks: decode the arguments, call a plain function, map the outcome.
 
-``dormant.slice(thread_id)`` runs ``run_slice`` and returns a short outcome string (Flower
-shows it); a model failure is retried by Celery with a short countdown until the store
-stalls the thread. ``dormant.tool(...)`` runs ``execute_outbox``; ``dormant.sweep()`` runs
-``sweep_once``. A test crash point kills the worker process with SIGKILL, so tests
-exercise real deaths: the unacknowledged task and the lease are left behind, as in a crash.
+``dormant.slice(thread_id)`` runs ``run_slice`` and returns what the thread is doing now
+(``idle``, ``waiting on run_build (call_...)``, ...: Flower shows it). A failed or stalled
+slice raises ``SliceFailed`` once the store has recorded the failure, so Flower counts a
+FAILURE with the reason; the message is acked like any ended task (the inbox rows stay in
+SQL; the store's backoff, the sweeper or ``dormant retry`` drive the next try), and the
+worker logs one line, no traceback: it is an expected outcome. A model failure with a short
+backoff is retried by Celery with that countdown. ``dormant.tool(...)`` runs
+``execute_outbox``; ``dormant.sweep()`` runs ``sweep_once`` without task events and logs
+only when it did something. A test crash point kills the worker process with SIGKILL, so
+tests exercise real deaths: the unacknowledged task and the lease are left behind.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import logging
 import os
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, NoReturn
@@ -23,7 +28,8 @@ from celery import Celery, Task
 
 from dormant.agents import AgentRegistry
 from dormant.client import Client
-from dormant.errors import CrashPoint, LeaseLost, NotFound
+from dormant.errors import CrashPoint, LeaseLost, NotFound, SliceFailed
+from dormant.labels import LabelledSQLStore, TaskLabels
 from dormant.settings import Settings
 from dormant.slice import (
     Busy,
@@ -48,7 +54,6 @@ from dormant.stores.redis import (
     redis_client,
     wake_mark_ttl_s,
 )
-from dormant.stores.sql import SQLStore
 from dormant.sweeper import sweep_once
 from dormant.tools.runner import execute_outbox
 from dormant.worker import (
@@ -63,6 +68,7 @@ from dormant.worker import (
 __all__ = ["LazyRuntime", "Runtime", "outcome_text", "register_tasks"]
 
 log = logging.getLogger("dormant.tasks")
+_STALLED = "thread %s is stalled: %s (dormant retry re-drives it)"
 
 
 @dataclass(frozen=True)
@@ -70,7 +76,7 @@ class Runtime:
     """What the tasks of one worker process share: the store, Redis, agents, dispatcher."""
 
     settings: Settings
-    store: SQLStore
+    store: LabelledSQLStore
     marks: RedisWakeMarks
     dispatcher: CeleryDispatcher
     client: Client
@@ -82,12 +88,14 @@ class Runtime:
         settings = settings.require_secret()  # tools' callback URLs are signed
         client = redis_client(settings)
         prefix = settings.key_prefix
-        store = SQLStore(settings.database_url, table_prefix=settings.table_prefix)
+        store = LabelledSQLStore(
+            settings.database_url, TaskLabels(), table_prefix=settings.table_prefix
+        )
         lease = RedisLease(client, prefix)
         dedup = RedisDedup(client, prefix, settings.dedup_ttl_s)
         marks = RedisWakeMarks(client, prefix, wake_mark_ttl_s(settings))
         events = RedisEvents(client, prefix, ttl_s=settings.dedup_ttl_s)
-        dispatcher = CeleryDispatcher(celery_app, marks)
+        dispatcher = CeleryDispatcher(celery_app, marks, labels=store.labels)
         sink = Client(store, dedup, settings, waker=dispatcher.wake, events=events, agents=agents)
         deps = SliceDeps(store, lease, dedup, dispatcher, events, agents, settings)
         return cls(settings, store, marks, dispatcher, sink, deps)
@@ -113,26 +121,33 @@ class LazyRuntime:
 
 
 def outcome_text(outcome: SliceOutcome) -> str:
-    """The short string a slice task returns (and Flower shows)."""
+    """What the thread is doing after the slice: the slice task's result in Flower."""
     match outcome:
         case Idle():
             return "idle"
-        case Waiting(call_ids=calls):
-            return f"waiting:{len(calls)}"
+        case Waiting(call_ids=calls, tools=tools):
+            names = tools if len(tools) == len(calls) else ("?",) * len(calls)
+            pairs = zip(names, calls, strict=True)
+            waits = ", ".join(f"{name} ({call_id})" for name, call_id in pairs)
+            return _short(f"waiting on {waits}")
         case Busy():
-            return "busy"
+            return "busy: another slice holds the lease"
         case Stale():
-            return "stale"
+            return "stale: another slice committed first; nothing written"
         case Closed():
             return "closed"
         case Missing():
-            return "missing"
+            return "missing: no such thread"
         case Steered():
-            return "steered"
+            return "steered: new user text restarts the turn"
         case Stalled(error=error):
-            return f"stalled: {error}"[:200]
+            return _short(f"stalled: {error}")
         case Failed(error=error, stalled=stalled):
-            return f"{'stalled' if stalled else 'failed'}: {error}"[:200]
+            return _short(f"{'stalled' if stalled else 'failed'}: {error}")
+
+
+def _short(text: str, limit: int = 200) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def _die(point: str) -> NoReturn:
@@ -145,17 +160,24 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
     """Register ``dormant.slice``, ``dormant.tool`` and ``dormant.sweep`` on ``celery_app``.
 
     Per-task options make them safe on an app whose defaults differ from dormant's: late
-    acknowledgement, JSON arguments, no stored result.
+    acknowledgement, an ack (not a requeue) when a task raises, JSON arguments, no stored
+    result. ``SliceFailed`` is declared expected (``throws``): one INFO line, no traceback.
     """
     options: dict[str, Any] = {
         "acks_late": True,
+        # A raised SliceFailed is acked even if the app sets task_acks_on_failure_or_timeout
+        # to False: a requeue would rerun a recorded failure at once, forever.
+        "acks_on_failure_or_timeout": True,
         "reject_on_worker_lost": True,
         "ignore_result": True,
         "serializer": "json",
         "shared": False,  # Celery's default would add these closures to every app made later
     }
+    _quiet_sweep_logs()
 
-    @celery_app.task(name=SLICE_TASK, bind=True, max_retries=None, **options)  # type: ignore[untyped-decorator]
+    @celery_app.task(  # type: ignore[untyped-decorator]
+        name=SLICE_TASK, bind=True, max_retries=None, throws=(SliceFailed,), **options
+    )
     def slice_task(self: Task, thread_id: str) -> str:
         rt = runtime()
         try:
@@ -167,11 +189,22 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
         except CrashPoint as crash:
             _die(crash.name)
         except LeaseLost:
-            return "lease lost"
-        if isinstance(outcome, Failed) and not outcome.stalled and outcome.retry_at is not None:
-            countdown_s = (outcome.retry_at - datetime.now(UTC)).total_seconds()
-            if countdown_s < rt.settings.visibility_timeout_s / 2:  # never a long ETA
-                raise self.retry(countdown=max(0.0, countdown_s))
+            return "lease lost: another slice took the thread"
+        match outcome:
+            case Failed(error=error, stalled=True):
+                log.warning(_STALLED, thread_id, error)
+                raise SliceFailed(thread_id, error, stalled=True)
+            case Failed(error=error, retry_at=retry_at) if retry_at is not None:
+                countdown_s = (retry_at - datetime.now(UTC)).total_seconds()
+                if countdown_s < rt.settings.visibility_timeout_s / 2:  # never a long ETA
+                    failure = SliceFailed(thread_id, error, stalled=False)
+                    raise self.retry(countdown=max(0.0, countdown_s), exc=failure)
+                note = f"{error} (the sweeper retries after {retry_at:%H:%M:%S} UTC)"
+                raise SliceFailed(thread_id, note, stalled=False)
+            case Failed(error=error):
+                raise SliceFailed(thread_id, error, stalled=False)
+            case Stalled(error=error):
+                raise SliceFailed(thread_id, error, stalled=True)
         return outcome_text(outcome)
 
     @celery_app.task(name=TOOL_TASK, **options)  # type: ignore[untyped-decorator]
@@ -190,7 +223,9 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
             return "missing"
         return "done"
 
-    @celery_app.task(name=SWEEP_TASK, **options)  # type: ignore[untyped-decorator]
+    # Every sweep_interval_s: no task events (it would be most of Flower's rows) and no
+    # log line unless it re-drove something.
+    @celery_app.task(name=SWEEP_TASK, send_events=False, **options)  # type: ignore[untyped-decorator]
     def sweep_task() -> str:
         rt = runtime()
         now = datetime.now(UTC)
@@ -201,4 +236,41 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
         woke = sweep_once(
             rt.store, rt.deps.lease, rt.dispatcher, now, settings.outbox_grace_s, lost_after_s
         )
-        return "woke" if woke else "quiet"
+        if woke:
+            log.info("sweep re-drove work: due timers, stranded outbox rows or unapplied inbox")
+            return "woke"
+        log.debug("sweep found nothing to do")
+        return "quiet"
+
+
+class _QuietSweeps(logging.Filter):
+    """Drops Celery's INFO lines about ``dormant.sweep`` (received, succeeded, sent by beat,
+    expired) unless DEBUG is on; the sweep task logs at INFO itself when it re-drives work."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno != logging.INFO or not _names_sweep(record.args):
+            return True
+        return logging.getLogger(record.name).isEnabledFor(logging.DEBUG)
+
+
+def _names_sweep(args: object) -> bool:
+    if isinstance(args, Mapping):
+        return args.get("name") == SWEEP_TASK
+    return isinstance(args, tuple) and SWEEP_TASK in args
+
+
+_SWEEP_LOGGERS = (
+    "celery.worker.strategy",
+    "celery.app.trace",
+    "celery.beat",
+    "celery.worker.request",
+)
+"""Where Celery logs a task's receipt, its success, beat's 'Sending due task' and the
+discarding of an expired task (a late sweep is dropped by design)."""
+
+
+def _quiet_sweep_logs() -> None:
+    for name in _SWEEP_LOGGERS:
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _QuietSweeps) for f in logger.filters):
+            logger.addFilter(_QuietSweeps())

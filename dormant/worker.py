@@ -5,9 +5,10 @@ access, through a module ``__getattr__`` (PEP 562), from ``Settings.from_env()``
 agents module named by ``DORMANT_AGENTS``: importing this module reads no environment and
 imports no user code, yet ``celery worker``, ``celery beat`` and Flower get a fully
 configured app. A custom loader or an ``on_configure`` signal would also defer the reads,
-but would leave a half-built app importable; this attribute is either complete or an error
-(an unset ``DORMANT_AGENTS`` says so). ``dormant worker`` builds its app explicitly with
-``create_app``.
+but would leave a half-built app importable; this attribute is either complete or an error.
+Without ``DORMANT_AGENTS`` the app is built without agents, for the processes that run no
+task (Flower, beat, ``celery inspect``); a worker started on it exits at once saying so.
+``dormant worker`` builds its app explicitly with ``create_app``.
 
 Celery is imported here and in ``tasks.py`` only.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from celery import Celery
@@ -30,6 +31,9 @@ from dormant.errors import ConfigurationError
 from dormant.settings import Settings
 from dormant.stores.base import OutboxRow, Priority
 from dormant.stores.redis import RedisWakeMarks
+
+if TYPE_CHECKING:
+    from dormant.labels import TaskLabels  # imports the SQL store: not for Flower or beat
 
 __all__ = [
     "QUEUES",
@@ -66,6 +70,8 @@ REDIS_PRIORITY_STEPS = (0, 3, 6, 9)
 """kombu's Redis priority lists; our levels 8, 4 and 0 land on three different steps."""
 _REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel", "redis+socket", "socket"})
 
+_NO_AGENTS = "no agents: set DORMANT_AGENTS to a module, e.g. myapp.agents"
+
 AgentSource = AgentRegistry | Iterable[Agent] | str | None
 """Agents as a registry, a list, a module path (``"myapp.agents"``), or None for
 ``Settings.agents_module``."""
@@ -76,7 +82,7 @@ def load_agents(source: AgentSource, settings: Settings) -> AgentRegistry:
         return source
     if source is None:
         if not settings.agents_module:
-            raise ConfigurationError("no agents: set DORMANT_AGENTS to a module, e.g. myapp.agents")
+            raise ConfigurationError(_NO_AGENTS)
         return AgentRegistry.from_module(settings.agents_module)
     if isinstance(source, str):
         return AgentRegistry.from_module(source)
@@ -127,9 +133,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # cannot be cancelled, but the redelivered slice is fenced by the lease and version.
         "worker_cancel_long_running_tasks_on_connection_loss": True,
         # Flower shows every slice, its thread_id kwarg and its outcome string (sent in the
-        # task-succeeded event); no result backend is needed for that.
+        # task-succeeded event); no result backend is needed for that. No task-sent events:
+        # they carry the task's real name, not its display name (dormant.slice[triage]),
+        # and Flower would rename a row back when one arrives after the worker's events.
+        # Queued tasks are counted on Flower's Broker page.
         "worker_send_task_events": True,
-        "task_send_sent_event": True,
+        "task_send_sent_event": False,
         "task_ignore_result": True,
         "result_backend": None,
         "task_queues": _dormant_queues(),
@@ -273,16 +282,25 @@ class CeleryDispatcher:
     two slices, not 20, yet user text behind them still reaches the interactive queue.
     """
 
-    def __init__(self, celery_app: Celery, marks: RedisWakeMarks | None = None) -> None:
+    def __init__(
+        self,
+        celery_app: Celery,
+        marks: RedisWakeMarks | None = None,
+        *,
+        labels: TaskLabels | None = None,
+    ) -> None:
         self._app = celery_app
         self._marks = marks
+        self._labels = labels
+        """Agent and tool names this process has seen: Flower's names for the tasks."""
 
     def wake(self, thread_id: str, priority: int) -> None:
         if self._marks is not None and not self._marks.claim(thread_id, priority):
             return
         queue = QUEUE_INTERACTIVE if priority >= Priority.INTERACTIVE else QUEUE_BACKGROUND
         try:
-            self._send(SLICE_TASK, {"thread_id": thread_id}, queue, priority)
+            shadow = self._labels.slice_name(SLICE_TASK, thread_id) if self._labels else None
+            self._send(SLICE_TASK, {"thread_id": thread_id}, queue, priority, shadow)
         except BaseException:
             if self._marks is not None:
                 self._marks.clear(thread_id)  # the next wake must not be suppressed
@@ -295,9 +313,17 @@ class CeleryDispatcher:
             "outbox_id": row.id,
             "action": row.action,
         }
-        self._send(TOOL_TASK, kwargs, QUEUE_TOOLS, Priority.BACKGROUND)
+        shadow = self._labels.tool_name(TOOL_TASK, row) if self._labels else None
+        self._send(TOOL_TASK, kwargs, QUEUE_TOOLS, Priority.BACKGROUND, shadow)
 
-    def _send(self, name: str, kwargs: dict[str, Any], queue: str, priority: int) -> None:
+    def _send(
+        self,
+        name: str,
+        kwargs: dict[str, Any],
+        queue: str,
+        priority: int,
+        shadow: str | None = None,
+    ) -> None:
         self._app.send_task(
             name,
             kwargs=kwargs,
@@ -305,14 +331,17 @@ class CeleryDispatcher:
             priority=broker_priority(self._app, priority),
             serializer="json",
             add_to_parent=False,
+            shadow=shadow,  # Flower's and the log's name: dormant.slice[triage]
         )
 
 
-def client_dispatcher(settings: Settings, marks: RedisWakeMarks | None) -> CeleryDispatcher:
+def client_dispatcher(
+    settings: Settings, marks: RedisWakeMarks | None, labels: TaskLabels | None = None
+) -> CeleryDispatcher:
     """A dispatcher for client processes: a producer-only app (no tasks, no agents)."""
     app = Celery("dormant-client", set_as_current=False)
     app.conf.update(celery_config(settings))
-    return CeleryDispatcher(app, marks)
+    return CeleryDispatcher(app, marks, labels=labels)
 
 
 def run_worker(
@@ -340,7 +369,17 @@ def run_beat(settings: Settings, *, loglevel: str = "info") -> None:
 
 @functools.cache
 def _default_app() -> Celery:
-    return create_app(Settings.from_env())
+    settings = Settings.from_env()
+    if settings.agents_module:
+        return create_app(settings)
+    app = _bare_app(settings, None)
+
+    def refuse_worker(instance: Any, **_: Any) -> None:
+        if instance.app is app:
+            raise SystemExit(f"error: a worker cannot start: {_NO_AGENTS}")
+
+    celeryd_init.connect(refuse_worker, weak=False)
+    return app
 
 
 def __getattr__(name: str) -> Any:

@@ -41,7 +41,7 @@ def test_the_baseline_is_json_only_with_late_acks_and_task_events() -> None:
     assert conf["accept_content"] == ["json"]
     assert conf["task_acks_late"] and conf["task_reject_on_worker_lost"]
     assert conf["worker_prefetch_multiplier"] == 1
-    assert conf["worker_send_task_events"] and conf["task_send_sent_event"]
+    assert conf["worker_send_task_events"] and not conf["task_send_sent_event"]
     assert conf["task_ignore_result"] and conf["result_backend"] is None
     transport = conf["broker_transport_options"]
     assert transport["visibility_timeout"] == 900.0
