@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import time
-import traceback
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -191,8 +190,10 @@ def _rewake_priority(store: SliceStore, thread_id: str, seen: int) -> Priority:
 
 
 def describe(error: BaseException) -> str:
-    """The last line of the error's traceback (``KeyError: 'choices'``), for ``last_error``."""
-    return traceback.format_exception_only(error)[-1].strip()
+    """The last line of the error's traceback, without the module (``KeyError: 'choices'``,
+    ``ModelFatal: 401 ...``), for ``last_error``."""
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[-1]}" if text else type(error).__name__
 
 
 class _Slice:
