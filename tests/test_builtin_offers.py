@@ -74,7 +74,7 @@ def test_a_child_is_offered_report_and_close_and_the_parent_cancel_once_it_has_s
         [*WAITS, "cancel_subscription", "spawn_thread", "send_message_to_child"],
     ]
     # The child's inherited spawn call is its parent's, not a subscription it can cancel.
-    assert [offered(r) for r in requests_of(agent, child.id)][0] == [
+    assert offered(requests_of(agent, child.id)[0]) == [
         *WAITS,
         "spawn_thread",
         "report_to_parent",

@@ -19,6 +19,7 @@ from dormant.tools.base import Tool, arguments_model
 
 __all__ = [
     "BUILTINS",
+    "THREAD_TOOLS",
     "Answer",
     "BuiltinContext",
     "Close",
@@ -27,7 +28,6 @@ __all__ = [
     "Report",
     "Spawn",
     "StartTimer",
-    "THREAD_TOOLS",
     "Wait",
     "offered_builtins",
     "run_builtin",
