@@ -11,8 +11,9 @@ from typing import Literal
 from dormant.errors import ConfigurationError, UnknownAgent
 from dormant.messages import EVENT_TOOL_NAME
 from dormant.models.base import Model, ModelSettings, ToolSpec
+from dormant.stores.base import CallRecord, CallState, ThreadInfo
 from dormant.tools.base import Tool
-from dormant.tools.builtins import BUILTINS
+from dormant.tools.builtins import BUILTINS, THREAD_TOOLS, offered_builtins
 
 __all__ = ["Agent", "AgentRegistry", "Steering"]
 
@@ -21,8 +22,11 @@ Steering = Literal["enqueue", "interrupt", "reject"]
 
 @dataclass(frozen=True)
 class Agent:
-    """A named agent: its model, instructions and tools (the built-ins are always added).
+    """A named agent: its model, instructions and tools (plus the built-ins that apply).
 
+    ``threads=True`` lets the agent spawn child threads and message them (the
+    ``spawn_thread`` and ``send_message_to_child`` built-ins); it is off by default
+    because most agents never fork, and every offered tool costs tokens on every request.
     ``model`` is a ``Model`` or a registry string such as ``"openai:gpt-4.1-mini"``,
     resolved when a slice first needs it. ``compact_at`` is the share of the model's
     context window past which the next slice compacts the history.
@@ -35,6 +39,7 @@ class Agent:
     model_settings: ModelSettings = field(default_factory=ModelSettings)
     compact_at: float = 0.75
     steering: Steering = "enqueue"
+    threads: bool = False
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -50,19 +55,43 @@ class Agent:
             raise ConfigurationError(f"agent {self.name!r}: compact_at must be in (0, 1]")
 
     def tool(self, name: str) -> Tool | None:
-        """The tool called ``name`` (built-ins included); never the reserved event name."""
+        """The tool called ``name`` (built-ins included); never the reserved event name.
+
+        The thread tools exist only when ``threads`` is on, so a call to one otherwise
+        gets a "does not exist" error result. Other built-ins that are not offered in a
+        situation still answer a call with an error saying why (a root has no parent).
+        """
         for t in self.tools:
             if t.name == name:
                 return t
+        if name in THREAD_TOOLS and not self.threads:
+            return None
         return BUILTINS.get(name)
 
     @functools.cached_property
-    def _specs(self) -> tuple[ToolSpec, ...]:
-        return tuple(t.spec() for t in [*self.tools, *BUILTINS.values()])
+    def _own_specs(self) -> tuple[ToolSpec, ...]:
+        return tuple(t.spec() for t in self.tools)
 
-    def specs(self) -> list[ToolSpec]:
-        """What the model is offered: the agent's tools, then the built-ins."""
-        return list(self._specs)
+    def specs(
+        self, thread: ThreadInfo | None = None, calls: Iterable[CallRecord] = ()
+    ) -> list[ToolSpec]:
+        """What the model is offered in ``thread`` (a root when None): the agent's tools,
+        then the built-ins that apply there (see ``offered_builtins``).
+
+        ``calls`` are the thread's calls; an open subscription offers
+        ``cancel_subscription``. A child's inherited spawn call is not its own.
+        """
+        parent_call = thread.parent_call_id if thread is not None else None
+        subscribed = any(
+            c.subscription and c.state is CallState.SUBSCRIBED and c.call_id != parent_call
+            for c in calls
+        )
+        names = offered_builtins(
+            threads=self.threads,
+            child=thread is not None and thread.parent_id is not None,
+            subscribed=subscribed,
+        )
+        return [*self._own_specs, *(BUILTINS[n].spec() for n in names)]
 
     def resolved_model(self) -> Model:
         if isinstance(self.model, str):

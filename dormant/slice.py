@@ -284,13 +284,12 @@ class _Slice:
         if needs_compaction(agent, model, snap.thread):
             visible = self._compact(agent, model, snap.items, visible, turn)
         instructions = instructions_for(agent, snap.thread)
-        specs = agent.specs()
         for _ in range(deps.settings.max_rounds_per_slice):
             request = ModelRequest(
                 self.thread_id,
                 instructions,
                 tuple(s.item for s in visible),
-                specs,
+                agent.specs(snap.thread, applied.calls.values()),
                 agent.model_settings,
             )
             completion = self._complete(model, request)

@@ -46,7 +46,7 @@ def script(items: Sequence[Item]) -> Completion:
     return reply("Waiting for my children and for incidents.")
 
 
-AGENT = Agent("release", model=ScriptedModel(script), tools=[watch_incidents])
+AGENT = Agent("release", model=ScriptedModel(script), tools=[watch_incidents], threads=True)
 
 
 def main(path: str) -> None:

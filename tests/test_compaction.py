@@ -151,7 +151,7 @@ def chat(items: Sequence[Item]) -> Completion:
 
 
 def harness(model: Chatty) -> Harness:
-    return Harness(Agent("a", model=model, tools=[run_build, watch], compact_at=0.75))
+    return Harness(Agent("a", model=model, tools=[run_build, watch], compact_at=0.75, threads=True))
 
 
 def test_compaction_runs_past_compact_at_and_the_model_then_sees_the_summary_first() -> None:

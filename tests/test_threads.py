@@ -48,7 +48,7 @@ def family(items: Sequence[Item]) -> Completion:
 
 
 def agent(script: object, tools: Sequence[object] = ()) -> Agent:
-    return Agent("a", model=ScriptedModel(script), tools=list(tools))  # type: ignore[arg-type]
+    return Agent("a", model=ScriptedModel(script), tools=list(tools), threads=True)  # type: ignore[arg-type]
 
 
 def spawn_ids(h: Harness, t: str) -> list[str]:

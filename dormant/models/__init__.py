@@ -6,7 +6,15 @@ package for the protocol and must not pay for (or depend on) the provider SDKs.
 
 from typing import TYPE_CHECKING
 
-from dormant.models.base import ChunkSink, Completion, Model, ModelRequest, ModelSettings, ToolSpec
+from dormant.models.base import (
+    ChunkSink,
+    Completion,
+    Model,
+    ModelRequest,
+    ModelSettings,
+    ToolChoice,
+    ToolSpec,
+)
 from dormant.models.scripted import ScriptedModel, call, reply
 from dormant.models.simulated import SimulatedModel
 
@@ -24,6 +32,7 @@ __all__ = [
     "OpenAIModel",
     "ScriptedModel",
     "SimulatedModel",
+    "ToolChoice",
     "ToolSpec",
     "call",
     "reply",

@@ -25,6 +25,7 @@ from anthropic.types import (
     RawMessageStreamEvent,
     TextBlock,
     TextDelta,
+    ToolChoiceParam,
     ToolParam,
     ToolUseBlock,
 )
@@ -99,6 +100,9 @@ class AnthropicModel(SDKModel[anthropic.Anthropic, RawMessageStreamEvent]):
         settings = request.settings
         tools = anthropic_wire.tools(request.tools)
         temperature = settings.temperature
+        choice = anthropic_wire.tool_choice(settings.tool_choice, settings.parallel_tool_calls)
+        extra = {**({} if temperature is None else {"temperature": temperature})}
+        extra.update(settings.extra_body)
         try:
             return self.client.messages.create(
                 model=self.model,
@@ -106,9 +110,12 @@ class AnthropicModel(SDKModel[anthropic.Anthropic, RawMessageStreamEvent]):
                 messages=cast("list[MessageParam]", anthropic_wire.messages(request.items)),
                 system=request.instructions or anthropic.omit,
                 tools=cast("list[ToolParam]", tools) if tools else anthropic.omit,
+                tool_choice=(
+                    cast("ToolChoiceParam", choice) if tools and choice else anthropic.omit
+                ),
                 stream=True,
                 timeout=settings.timeout_s,
-                extra_body=None if temperature is None else {"temperature": temperature},
+                extra_body=extra or None,
             )
         except TypeError as error:  # how the SDK says it found no credentials
             raise ModelFatal(

@@ -15,10 +15,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
 from dormant.messages import Item
-from dormant.models.base import ToolSpec
+from dormant.models.base import ToolChoice, ToolSpec
 from dormant.models.wire import Answered, Called, Said, flatten, offered_tools
 
-__all__ = ["OPENING_TEXT", "messages", "tool_use_id", "tools"]
+__all__ = ["OPENING_TEXT", "messages", "tool_choice", "tool_use_id", "tools"]
 
 Message = dict[str, Any]
 Block = dict[str, Any]
@@ -40,6 +40,28 @@ def messages(items: Sequence[Item]) -> list[Message]:
             out.append({"role": role, "content": [block]})
     if out and out[0]["role"] == "assistant":
         out.insert(0, {"role": "user", "content": [{"type": "text", "text": OPENING_TEXT}]})
+    return out
+
+
+_ANTHROPIC_MODES = {"auto": "auto", "none": "none", "required": "any"}
+
+
+def tool_choice(choice: ToolChoice | None, parallel: bool | None) -> dict[str, Any] | None:
+    """``tool_choice``: ``{"type": "auto"|"any"|"tool"|"none", "name"?,
+    "disable_parallel_tool_use"?}``; None when neither option is set.
+
+    Anthropic has no separate parallel switch: turning parallel calls off is a flag on
+    the choice (``auto`` when no choice is given). ``none`` takes no flag.
+    """
+    if choice is None and parallel is None:
+        return None
+    out: dict[str, Any]
+    if choice is None or choice in _ANTHROPIC_MODES:
+        out = {"type": _ANTHROPIC_MODES[choice or "auto"]}
+    else:
+        out = {"type": "tool", "name": choice}
+    if parallel is not None and out["type"] != "none":
+        out["disable_parallel_tool_use"] = not parallel
     return out
 
 

@@ -8,7 +8,16 @@ from typing import Any, Protocol, runtime_checkable
 
 from dormant.messages import Item, ToolCall, Usage
 
-__all__ = ["ChunkSink", "Completion", "Model", "ModelRequest", "ModelSettings", "ToolSpec"]
+__all__ = [
+    "TOOL_CHOICE_MODES",
+    "ChunkSink",
+    "Completion",
+    "Model",
+    "ModelRequest",
+    "ModelSettings",
+    "ToolChoice",
+    "ToolSpec",
+]
 
 ChunkSink = Callable[[str], None]
 """Receives streamed text as it arrives; live only, never stored."""
@@ -23,11 +32,29 @@ class ToolSpec:
     parameters: dict[str, Any]
 
 
+ToolChoice = str
+"""``"auto"`` (the model decides), ``"none"`` (no tool calls), ``"required"`` (at least one
+call), or any other string: the name of the one tool the model must call."""
+
+TOOL_CHOICE_MODES = ("auto", "none", "required")
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSettings:
+    """Per-request options, mapped by each model onto its provider's parameters.
+
+    ``tool_choice`` (see ``ToolChoice``) and ``parallel_tool_calls`` are sent only when
+    tools are offered; ``None`` leaves the provider's default (``OpenAIModel`` keeps its
+    own ``parallel_tool_calls`` then). ``extra_body`` is merged into the request's JSON
+    body as is, for provider-specific fields dormant does not model (its keys win).
+    """
+
     temperature: float | None = None
     max_tokens: int | None = None
     timeout_s: float = 120.0
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ import openai
 from openai.types.chat import (
     ChatCompletionChunk,
     ChatCompletionMessageParam,
+    ChatCompletionToolChoiceOptionParam,
     ChatCompletionToolParam,
 )
 from openai.types.chat.chat_completion_chunk import ChoiceDeltaToolCall
@@ -44,11 +45,12 @@ _KEYLESS_SERVER_KEY = "not-needed"
 class OpenAIModel(SDKModel[openai.OpenAI, ChatCompletionChunk]):
     """A Chat Completions model; ``"openai:<model>"`` in an agent's model string.
 
-    ``api_key`` and ``base_url`` default to the SDK's ``OPENAI_API_KEY`` and
-    ``OPENAI_BASE_URL``. ``max_tokens_param`` names the field ``ModelSettings.max_tokens``
-    is sent as: OpenAI's current ``max_completion_tokens``, or ``max_tokens`` for servers
-    that only know the older name. ``parallel_tool_calls=None`` leaves the server's default.
-    The SDK's own retries are off: dormant retries (``complete_with_retry``).
+        ``api_key`` and ``base_url`` default to the SDK's ``OPENAI_API_KEY`` and
+        ``OPENAI_BASE_URL``. ``max_tokens_param`` names the field ``ModelSettings.max_tokens``
+        is sent as: OpenAI's current ``max_completion_tokens``, or ``max_tokens`` for servers
+        that only know the older name. ``parallel_tool_calls=None`` leaves the server's default;
+    ``ModelSettings.parallel_tool_calls``, when set, overrides it for an agent.
+        The SDK's own retries are off: dormant retries (``complete_with_retry``).
     """
 
     def __init__(
@@ -80,6 +82,12 @@ class OpenAIModel(SDKModel[openai.OpenAI, ChatCompletionChunk]):
         tools = openai_wire.tools(request.tools)
         max_tokens = settings.max_tokens
         modern = self.max_tokens_param == "max_completion_tokens"
+        choice = settings.tool_choice
+        parallel = (
+            self.parallel_tool_calls
+            if settings.parallel_tool_calls is None
+            else settings.parallel_tool_calls
+        )
         try:
             stream = self.client.chat.completions.create(
                 model=self.model,
@@ -88,13 +96,18 @@ class OpenAIModel(SDKModel[openai.OpenAI, ChatCompletionChunk]):
                     openai_wire.messages(request.instructions, request.items),
                 ),
                 tools=cast("list[ChatCompletionToolParam]", tools) if tools else openai.omit,
-                parallel_tool_calls=_given(self.parallel_tool_calls if tools else None),
+                tool_choice=cast(
+                    "ChatCompletionToolChoiceOptionParam",
+                    _given(openai_wire.tool_choice(choice) if tools and choice else None),
+                ),
+                parallel_tool_calls=_given(parallel if tools else None),
                 temperature=_given(settings.temperature),
                 max_completion_tokens=_given(max_tokens if modern else None),
                 max_tokens=_given(None if modern else max_tokens),
                 stream=True,
                 stream_options={"include_usage": True},
                 timeout=settings.timeout_s,
+                extra_body=settings.extra_body or None,
             )
             with stream:
                 yield from stream

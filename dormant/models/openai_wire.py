@@ -14,10 +14,10 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from dormant.messages import Item, ToolCall
-from dormant.models.base import ToolSpec
+from dormant.models.base import TOOL_CHOICE_MODES, ToolChoice, ToolSpec
 from dormant.models.wire import Answered, Called, Said, flatten, offered_tools
 
-__all__ = ["messages", "result_text", "tools"]
+__all__ = ["messages", "result_text", "tool_choice", "tools"]
 
 Message = dict[str, Any]
 
@@ -43,6 +43,13 @@ def messages(instructions: str, items: Sequence[Item]) -> list[Message]:
 def tools(specs: Iterable[ToolSpec]) -> list[dict[str, Any]]:
     """The ``tools`` array: one function per spec, never the reserved event name."""
     return [_function(spec) for spec in offered_tools(specs)]
+
+
+def tool_choice(choice: ToolChoice) -> str | dict[str, Any]:
+    """``tool_choice``: a mode as is, or the named function the model must call."""
+    if choice in TOOL_CHOICE_MODES:
+        return choice
+    return {"type": "function", "function": {"name": choice}}
 
 
 def result_text(answer: Answered) -> str:

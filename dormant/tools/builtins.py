@@ -19,6 +19,7 @@ from dormant.tools.base import Tool, arguments_model
 
 __all__ = [
     "BUILTINS",
+    "THREAD_TOOLS",
     "Answer",
     "BuiltinContext",
     "Close",
@@ -28,6 +29,7 @@ __all__ = [
     "Spawn",
     "StartTimer",
     "Wait",
+    "offered_builtins",
     "run_builtin",
 ]
 
@@ -112,6 +114,28 @@ def _builtin(
         return handler
 
     return register
+
+
+THREAD_TOOLS = frozenset({"spawn_thread", "send_message_to_child"})
+"""Offered (and callable) only by agents created with ``threads=True``."""
+CHILD_TOOLS = frozenset({"report_to_parent", "close_thread"})
+
+
+def offered_builtins(*, threads: bool, child: bool, subscribed: bool) -> list[str]:
+    """The built-ins worth their tokens in this situation, in a stable order.
+
+    Every offered schema is paid for on every request, so a tool is offered only where
+    it can succeed: the child tools in child threads, ``cancel_subscription`` while a
+    subscription is open, the thread tools when the agent enables them. The waits are
+    always offered (a root thread may sleep on a schedule with nothing open).
+    """
+    return [
+        name
+        for name in BUILTINS
+        if (name not in THREAD_TOOLS or threads)
+        and (name not in CHILD_TOOLS or child)
+        and (name != "cancel_subscription" or subscribed)
+    ]
 
 
 def run_builtin(name: str, args: BaseModel, ctx: BuiltinContext) -> Effect:

@@ -58,7 +58,7 @@ def _fanout(history: Sequence[Item]) -> Completion:
     raise AssertionError(f"the fan-out script has no answer to {last!r}")
 
 
-fanout = Agent("fanout", model=PidRecorded(ScriptedModel(_fanout), _COMPLETIONS))
+fanout = Agent("fanout", model=PidRecorded(ScriptedModel(_fanout), _COMPLETIONS), threads=True)
 
 AGENTS = [fanout]
 

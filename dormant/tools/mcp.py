@@ -1,0 +1,226 @@
+"""MCP tools: the tools of a Model Context Protocol server, as ordinary dormant tools.
+
+``mcp_tools(stdio=[...])`` or ``mcp_tools(url=...)`` lists the server's tools once, when
+it is called (at agent definition, so on import of the agents module in every process),
+and returns one ``Tool`` per server tool, its schema the server's own. Listing eagerly
+keeps the offered schemas identical on every worker and makes a missing server a loud
+``ConfigurationError`` at start-up, not an agent silently short of tools.
+
+Each call runs off the slice like any plain tool (a ``dormant.tool`` task, a thread
+locally): it opens a fresh session (a stdio server is started for the call and stopped
+after it), calls the tool and closes. A session per call holds nothing across calls, so
+nothing leaks across forked workers and a crashed server only fails the calls it was in.
+Every failure (the server does not start, ``timeout_s`` passes, the tool answers
+``isError``) raises ``McpToolError``, which the runner turns into an "Error: ..." result.
+
+The ``mcp`` package is imported only here, and only when a server is contacted: install
+``dormant[mcp]`` to use it.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, create_model
+
+from dormant.errors import ConfigurationError
+from dormant.tools.base import Tool, ToolContext
+
+if TYPE_CHECKING:
+    from mcp import ClientSession
+    from mcp_types import CallToolResult
+
+__all__ = ["McpServer", "McpTool", "McpToolError", "mcp_tools"]
+
+_T = TypeVar("_T")
+
+_ANY_ARGUMENTS: type[BaseModel] = create_model(
+    "mcp_arguments", __config__=ConfigDict(extra="allow")
+)
+"""MCP tools carry their own JSON schema; the server validates the arguments."""
+
+
+class McpToolError(Exception):
+    """The MCP server failed to start or answer in time, or its tool reported an error."""
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """Where the tools live: a command started per session (``stdio``), or a Streamable
+    HTTP endpoint (``url``). ``timeout_s`` bounds a whole session: start, handshake, call."""
+
+    stdio: tuple[str, ...] = ()
+    url: str | None = None
+    env: Mapping[str, str] | None = None
+    headers: Mapping[str, str] | None = None
+    timeout_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if bool(self.stdio) == (self.url is not None):
+            raise ConfigurationError("an MCP server needs exactly one of stdio=[...] or url=...")
+        if self.timeout_s <= 0:
+            raise ConfigurationError(f"MCP server {self.label}: timeout_s must be positive")
+
+    @property
+    def label(self) -> str:
+        return self.url if self.url is not None else " ".join(self.stdio)
+
+    def run(self, work: Callable[[ClientSession], Awaitable[_T]], what: str) -> _T:
+        """``work`` in a fresh session on a fresh event loop; any failure is an
+        ``McpToolError`` naming ``what`` and the server."""
+        import anyio
+
+        async def main() -> _T:
+            with anyio.fail_after(self.timeout_s):
+                async with self._session() as session:
+                    return await work(session)
+
+        try:
+            return anyio.run(main)
+        except TimeoutError:
+            raise McpToolError(
+                f"{what} on MCP server {self.label!r} timed out after {self.timeout_s:g} s"
+            ) from None
+        except Exception as error:
+            raise McpToolError(
+                f"{what} on MCP server {self.label!r} failed: {_describe(error)}"
+            ) from error
+
+    @asynccontextmanager
+    async def _session(self) -> AsyncIterator[ClientSession]:
+        from mcp import ClientSession
+
+        async with AsyncExitStack() as stack:
+            read, write = await stack.enter_async_context(await self._transport(stack))
+            session = await stack.enter_async_context(ClientSession(read, write))
+            await session.initialize()
+            yield session
+
+    async def _transport(self, stack: AsyncExitStack) -> Any:
+        if self.url is not None:
+            from mcp.client.streamable_http import streamable_http_client
+            from mcp.shared._httpx_utils import create_mcp_http_client
+
+            # The transport leaves a client it is given open: the stack closes it, even
+            # when a timeout cancels the call mid-request.
+            client = create_mcp_http_client(headers=dict(self.headers or {}))
+            await stack.enter_async_context(client)
+            return streamable_http_client(self.url, http_client=client)
+        from mcp.client.stdio import StdioServerParameters, stdio_client
+
+        command, *args = self.stdio
+        env = dict(self.env) if self.env is not None else None
+        return stdio_client(StdioServerParameters(command=command, args=args, env=env))
+
+
+@dataclass(frozen=True)
+class McpTool(Tool):
+    """One tool of an MCP server; ``remote_name`` is its name there."""
+
+    server: McpServer | None = None
+    remote_name: str = ""
+    input_schema: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def parameters(self) -> dict[str, Any]:
+        return self.input_schema
+
+    def error_for(self, args: dict[str, Any]) -> str | None:
+        """Missing required arguments; the server checks the rest (an error result)."""
+        missing = [k for k in self.input_schema.get("required", ()) if k not in args]
+        if missing:
+            return f"Error: invalid arguments for tool {self.name!r}: missing {missing}"
+        return None
+
+    def invoke(self, args: dict[str, Any], ctx: ToolContext) -> str:
+        server = self.server
+        assert server is not None
+
+        async def call(session: ClientSession) -> CallToolResult:
+            return await session.call_tool(self.remote_name, args)
+
+        result = server.run(call, f"calling {self.remote_name!r}")
+        text = _text(result)
+        if result.is_error:
+            raise McpToolError(f"tool {self.remote_name!r} reported an error: {text}")
+        return text
+
+
+def mcp_tools(
+    *,
+    stdio: Sequence[str] = (),
+    url: str | None = None,
+    include: Sequence[str] | None = None,
+    exclude: Sequence[str] = (),
+    prefix: str = "",
+    env: Mapping[str, str] | None = None,
+    headers: Mapping[str, str] | None = None,
+    timeout_s: float = 30.0,
+) -> list[Tool]:
+    """The server's tools (those named in ``include``, if given, less ``exclude``), named
+    ``prefix + name``. Lists them now; raises ``ConfigurationError`` if that fails or a
+    name in ``include`` is not served."""
+    server = McpServer(tuple(stdio), url, env, headers, timeout_s)
+    try:
+        listed = server.run(_list_tools, "listing tools")
+    except McpToolError as error:
+        raise ConfigurationError(str(error)) from error
+    names = [t.name for t in listed]
+    unknown = sorted(set(include or ()) - set(names))
+    if unknown:
+        raise ConfigurationError(
+            f"MCP server {server.label!r} has no tools {unknown}; it serves {names}"
+        )
+    return [
+        McpTool(
+            name=prefix + t.name,
+            description=t.description or "",
+            arguments=_ANY_ARGUMENTS,
+            server=server,
+            remote_name=t.name,
+            input_schema=t.input_schema,
+        )
+        for t in listed
+        if (include is None or t.name in include) and t.name not in exclude
+    ]
+
+
+async def _list_tools(session: ClientSession) -> list[Any]:
+    tools: list[Any] = []
+    cursor: str | None = None
+    while True:
+        page = await session.list_tools(params=_page(cursor))
+        tools.extend(page.tools)
+        cursor = page.next_cursor
+        if not cursor:
+            return tools
+
+
+def _page(cursor: str | None) -> Any:
+    if cursor is None:
+        return None
+    from mcp_types import PaginatedRequestParams
+
+    return PaginatedRequestParams(cursor=cursor)
+
+
+def _text(result: CallToolResult) -> str:
+    """The result's text blocks joined; other blocks (images, resources) as JSON."""
+    parts = [
+        block.text if block.type == "text" else block.model_dump_json(exclude_none=True)
+        for block in result.content
+    ]
+    if not parts and result.structured_content is not None:
+        return json.dumps(result.structured_content)
+    return "\n".join(parts)
+
+
+def _describe(error: BaseException) -> str:
+    """The innermost meaningful error (anyio wraps task failures in exception groups)."""
+    while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
+        error = error.exceptions[0]
+    return f"{type(error).__name__}: {error}"

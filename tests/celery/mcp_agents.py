@@ -1,0 +1,51 @@
+"""An agent with a stdio MCP tool, run on real workers (``DORMANT_AGENTS=mcp_agents``).
+
+The server's tools are listed when this module is imported (in each worker and client);
+each call starts ``tests/mcp_server.py`` inside the ``dormant.tool`` task that runs it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from celery.signals import worker_ready
+from celery_agents import shared_key, worker_redis
+
+from dormant import Agent
+from dormant.messages import Item, ToolResult, UserText
+from dormant.models import Completion, ScriptedModel, call, reply
+from dormant.tools import mcp_tools
+
+__all__ = ["AGENTS"]
+
+SERVER = str(Path(__file__).resolve().parent.parent / "mcp_server.py")
+
+
+def _caller(history: Sequence[Item]) -> Completion:
+    last = history[-1]
+    if isinstance(last, UserText):
+        name, _, args = last.text.partition(" ")
+        return reply("", call(name, **json.loads(args)))
+    if isinstance(last, ToolResult):
+        return reply(f"got: {last.content}")
+    raise AssertionError(f"the MCP script has no answer to {last!r}")
+
+
+mcp_caller = Agent(
+    "mcp_caller",
+    model=ScriptedModel(_caller),
+    tools=mcp_tools(stdio=[sys.executable, SERVER], include=["add", "fail"], timeout_s=180),
+)
+
+AGENTS = [mcp_caller]
+
+
+@worker_ready.connect  # type: ignore[untyped-decorator]
+def _announce(**_: object) -> None:
+    """What ``Deployment.wait_ready`` waits for (``celery_agents`` announces the same way)."""
+    key = shared_key(os.environ["DORMANT_KEY_PREFIX"], "ready", os.environ["TEST_WORKER_ID"])
+    worker_redis().set(key, os.getpid())
