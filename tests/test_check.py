@@ -69,7 +69,7 @@ def write(store: Store, thread_id: str, *items: Item, **fields: Any) -> None:
 
 
 def test_a_store_the_runtime_wrote_has_no_problems(store: Store) -> None:
-    h = Harness(Agent("a", model=ScriptedModel(script), tools=[build]), store=store)
+    h = Harness(Agent("a", model=ScriptedModel(script), tools=[build], threads=True), store=store)
     t = h.launch("a", "main")
     drain(h)
     [pending] = [c for c in store.load(t).calls.values() if c.state is CallState.PENDING]

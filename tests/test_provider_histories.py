@@ -200,7 +200,7 @@ def test_every_request_any_interleaving_makes_is_one_both_providers_accept(
     steps: list[Op],
 ) -> None:
     model = CheckingModel()
-    agent = Agent("a", model=ScriptedModel(model.script), tools=[build, add, watch])
+    agent = Agent("a", model=ScriptedModel(model.script), tools=[build, add, watch], threads=True)
     h = Harness(agent)
     root = h.launch("a", "start")
     for op in steps:
