@@ -32,6 +32,7 @@ from dormant.errors import (
     ControlSignal,
     CrashPoint,
     LeaseLost,
+    ModelError,
     SteeredAway,
     UnknownAgent,
     UnknownThread,
@@ -233,7 +234,15 @@ class _Slice:
         except Exception as error:
             if self.committed:
                 raise  # the slice's work is stored; what is left the sweeper re-drives
-            log.warning("slice of thread %s failed", self.thread_id, exc_info=True)
+            # A provider's failure is expected and says all in one line; anything else is a
+            # bug somewhere, and its traceback is what finds it.
+            expected = isinstance(error, ModelError)
+            log.warning(
+                "slice of thread %s failed: %s",
+                self.thread_id,
+                describe(error),
+                exc_info=not expected,
+            )
             return self._failed(snap.thread.failures, describe(error)), None
 
     def _apply(self, snap: Snapshot) -> tuple[SliceOutcome, int | None]:

@@ -42,6 +42,6 @@ def test_mypy_strict_on_user_code_catches_a_wrong_argument_to_launch(tmp_path: P
     assert checked.returncode == 1, report
     errors = [line for line in report.splitlines() if ": error:" in line]
     assert errors == [
-        'user.py:5: error: Argument 2 to "launch" of "BaseClient" has incompatible type "int";'
+        'user.py:5: error: Argument 2 to "launch" of "Client" has incompatible type "int";'
         ' expected "str"  [arg-type]'
     ]
