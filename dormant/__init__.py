@@ -5,7 +5,8 @@ and any worker resumes them when a message arrives.
 """
 
 from dormant.agents import Agent
-from dormant.client import BaseClient, Client
+from dormant.base_client import BaseClient
+from dormant.client import Client
 from dormant.errors import DormantError
 from dormant.local import LocalSystem
 from dormant.settings import Settings

@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from dormant.client import BaseClient
+from dormant.base_client import BaseClient
 from dormant.errors import (
     DuplicateMessage,
     InvalidToken,

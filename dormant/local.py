@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from types import TracebackType
 
 from dormant.agents import Agent, AgentRegistry
-from dormant.client import BaseClient
+from dormant.base_client import BaseClient
 from dormant.errors import DormantError, ThreadsFailed
 from dormant.idle import IdleReport, failed_threads
 from dormant.messages import Chunk, Event

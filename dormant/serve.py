@@ -15,8 +15,8 @@ import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
+from dormant.base_client import BaseClient
 from dormant.callbacks import callback_app
-from dormant.client import BaseClient
 from dormant.webhooks import WebhookReceiver, WebhookReply
 
 __all__ = ["CALLBACKS_PREFIX", "WEBHOOKS_PREFIX", "asgi_app"]

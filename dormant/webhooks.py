@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs, quote, unquote, urlsplit
 
-from dormant.client import BaseClient
+from dormant.base_client import BaseClient
 from dormant.errors import (
     ConfigurationError,
     DormantError,

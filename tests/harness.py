@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 from dormant.agents import Agent, AgentRegistry
-from dormant.client import BaseClient
+from dormant.base_client import BaseClient
 from dormant.errors import CrashPoint
 from dormant.messages import Event, Item, ToolResult, UserText
 from dormant.models.base import Completion

@@ -20,31 +20,15 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dormant import Agent, ToolContext, tool
+from dormant import Agent
 from dormant.errors import CrashPoint, DormantError
 from dormant.messages import EVENT_TOOL_NAME, Item, ToolCall
 from dormant.models import ScriptedModel, anthropic_wire, call, openai_wire, reply
 from dormant.models.base import Completion
 from tests.harness import Harness
+from tests.test_invariants import add, build, watch
 
 POINTS = ["holding_lease", "after_model", "before_commit", "after_commit", "in_tool"]
-
-
-@tool(deferred=True)
-def build(target: str, ctx: ToolContext) -> None:
-    """Start a build; its result is delivered by the test."""
-
-
-@tool
-def add(a: int, b: int) -> int:
-    """Add two numbers."""
-    return a + b
-
-
-@tool(subscription=True)
-def watch(repo: str) -> str:
-    """Subscribe to a repository."""
-    return f"watching {repo}"
 
 
 def plan(items: Sequence[Item]) -> tuple[ToolCall, ...]:

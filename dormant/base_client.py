@@ -1,0 +1,348 @@
+"""``BaseClient``: what every caller does to threads, shared by ``LocalSystem`` and ``Client``.
+
+Launch, send, deliver, read, and what running tools send back: all over a store, a dedup
+set and a waker, so the embedded runtime and a Celery deployment's clients keep one set of
+rules (sizes, steering, second results, retry-safe launches).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from dormant.agents import AgentRegistry
+from dormant.errors import (
+    CallAnswered,
+    ControlSignal,
+    DuplicateMessage,
+    MessageRejected,
+    PayloadTooLarge,
+    ThreadBusy,
+)
+from dormant.history import pending
+from dormant.messages import (
+    Event,
+    EventMessage,
+    Inbound,
+    Item,
+    ToolResultMessage,
+    UserMessage,
+)
+from dormant.settings import Settings
+from dormant.stores.base import (
+    CallState,
+    DedupSet,
+    Lease,
+    NewThread,
+    NewTimer,
+    Priority,
+    Store,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+)
+from dormant.stores.lineage import full_history
+from dormant.tokens import callback_url, parse_callback_url, verify
+from dormant.tools.runner import as_text
+
+__all__ = ["BaseClient", "Waker", "new_message_id", "new_thread_id"]
+
+log = logging.getLogger("dormant.client")
+
+Waker = Callable[[str, int], None]
+"""Arranges a slice for (thread_id, priority)."""
+
+
+def new_message_id() -> str:
+    return f"msg_{uuid.uuid4().hex}"
+
+
+def new_thread_id() -> str:
+    return f"thr_{uuid.uuid4().hex[:20]}"
+
+
+class BaseClient(ABC):
+    """Everything a caller does to threads, over a store, a dedup set and a waker."""
+
+    def __init__(
+        self,
+        store: Store,
+        dedup: DedupSet,
+        settings: Settings,
+        agents: AgentRegistry | None = None,
+    ) -> None:
+        self.store = store
+        self.dedup = dedup
+        self.settings = settings
+        self.agents = agents
+        self.lease: Lease | None = None
+        """Set by runtimes that can see leases: enables ``steering="reject"`` at send time."""
+
+    @abstractmethod
+    def wake(self, thread_id: str, priority: int) -> None:
+        """Arrange for a slice of ``thread_id`` to run."""
+
+    @abstractmethod
+    def events(self, thread_id: str) -> list[Event]:
+        """Recent live events of ``thread_id``."""
+
+    # writing ----------------------------------------------------------------------------
+
+    def launch(
+        self,
+        agent: str,
+        text: str,
+        *,
+        thread_id: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        message_id: str | None = None,
+    ) -> str:
+        """Start a thread of ``agent`` with user ``text``; returns the thread id.
+
+        Retry-safe with a chosen ``thread_id``: launching it again with the same agent and
+        text returns the id and creates nothing (the first message is ``launch:<thread_id>``
+        unless ``message_id`` says otherwise).
+        """
+        if self.agents is not None:
+            self.agents.get_agent(agent)
+        chosen = thread_id is not None
+        thread_id = thread_id or new_thread_id()
+        self._check_size(thread_id, text)
+        message_id = message_id or f"launch:{thread_id}"
+        try:
+            self.store.create_thread(NewThread(id=thread_id, agent=agent, metadata=metadata or {}))
+        except DuplicateMessage:
+            existing = self.store.thread(thread_id).agent
+            if not chosen or existing != agent:
+                raise MessageRejected(
+                    f"thread {thread_id!r} exists already, for agent {existing!r}"
+                ) from None
+        try:
+            self._enqueue(thread_id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
+        except DuplicateMessage:
+            if not chosen:
+                raise
+            if not self._launched_with(thread_id, message_id, text):
+                raise MessageRejected(
+                    f"thread {thread_id!r} was already launched (message {message_id!r}) "
+                    "with other text"
+                ) from None
+            self._wake_saved(thread_id, Priority.INTERACTIVE)  # the first wake may have failed
+        return thread_id
+
+    def _launched_with(self, thread_id: str, message_id: str, text: str) -> bool:
+        """Whether ``message_id`` of the thread is user ``text`` (a retried launch)."""
+        return any(
+            row.message_id == message_id
+            and isinstance(row.message, UserMessage)
+            and row.message.text == text
+            for row in self.store.inbox(thread_id)
+        )
+
+    def send(self, thread_id: str, text: str, *, message_id: str | None = None) -> str:
+        """Queue user text for a thread; returns the message id.
+
+        Raises ``ThreadBusy`` when the thread's agent uses ``steering="reject"`` and a
+        slice of the thread is running (checked where the agents and leases are known).
+        """
+        self._check_size(thread_id, text)
+        self._refuse_if_busy(thread_id)
+        return self._enqueue(thread_id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
+
+    def deliver(
+        self,
+        thread_id: str,
+        call_id: str,
+        result: Any,
+        *,
+        message_id: str | None = None,
+        token: str | None = None,
+        is_error: bool = False,
+    ) -> str:
+        """Deliver a result (or, on an active subscription, an event) for ``call_id``.
+
+        With ``token`` the call is a callback and the token must verify; without it the
+        caller is trusted (in-process code). Returns the message id.
+        """
+        if token is not None:
+            self.verify_token(thread_id, call_id, token)
+        content = as_text(result)
+        self._check_size(thread_id, content)
+        message_id = message_id or new_message_id()
+        self._refuse_second_result(thread_id, call_id, message_id)
+        message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
+        return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND)
+
+    def _refuse_second_result(self, thread_id: str, call_id: str, message_id: str) -> None:
+        """``CallAnswered`` for a new result on an answered call, which would change
+        nothing; ``DuplicateMessage`` if it is the answer itself arriving again."""
+        call = self.store.call(thread_id, call_id)
+        if call.state is not CallState.ANSWERED or call.subscription:
+            return  # pending, a subscription (events), or interrupted (a late result)
+        if self.dedup.seen(thread_id, message_id) or any(
+            row.message_id == message_id for row in self.store.inbox(thread_id)
+        ):
+            raise DuplicateMessage(thread_id, message_id)
+        raise CallAnswered(thread_id, call_id, message_id)
+
+    def verify_token(self, thread_id: str, call_id: str, token: str) -> None:
+        """Raise ``InvalidToken`` unless ``token`` is a live capability for this call."""
+        verify(self.settings.secret_keys, token, thread_id, call_id, time.time())
+
+    def deliver_callback(self, url: str, result: Any, *, message_id: str | None = None) -> str:
+        """Deliver through a callback URL a tool was given (token checked)."""
+        thread_id, call_id, token = parse_callback_url(url)
+        return self.deliver(thread_id, call_id, result, message_id=message_id, token=token)
+
+    def send_event(
+        self,
+        thread_id: str,
+        call_id: str,
+        content: Any,
+        *,
+        associative: bool = False,
+        final: bool = False,
+        message_id: str | None = None,
+    ) -> str:
+        """Send an event on a subscription call."""
+        text = as_text(content)
+        self._check_size(thread_id, text)
+        message = EventMessage(call_id=call_id, content=text, associative=associative, final=final)
+        return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND)
+
+    def retry(self, thread_id: str) -> ThreadInfo:
+        """Re-drive a stalled thread: its queued messages are applied again."""
+        snap = self.store.load(thread_id)
+        thread = snap.thread
+        if thread.status is ThreadStatus.STALLED:
+            status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
+            thread = self.store.set_status(thread_id, status)
+        self.wake(thread_id, Priority.INTERACTIVE)
+        return thread
+
+    # reading ----------------------------------------------------------------------------
+
+    def history(self, thread_id: str, *, full: bool = False) -> list[Item]:
+        """The thread's history as its model sees it: after a compaction, the latest
+        summary and the items after it (a child also sees its parent's, up to its fork).
+
+        ``full=True`` gives the whole transcript instead: every item ever stored, in
+        order, including those a summary replaced, each summary where it was made.
+        """
+        return [stored.item for stored in self.stored_history(thread_id, full=full)]
+
+    def stored_history(self, thread_id: str, *, full: bool = False) -> list[StoredItem]:
+        """``history`` with each item's position (``seq``) and message id."""
+        if full:
+            return full_history(self.store, self.store.thread(thread_id))
+        return self.store.history(thread_id)
+
+    def thread(self, thread_id: str) -> ThreadInfo:
+        return self.store.thread(thread_id)
+
+    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+        return self.store.threads(status, limit)
+
+    def callback_url(self, thread_id: str, call_id: str) -> str:
+        expires = int(time.time() + self.settings.token_ttl_s)
+        return callback_url(
+            self.settings.callback_base_url, self.settings.secret_keys, thread_id, call_id, expires
+        )
+
+    # the ToolSink protocol (what running tools send) -------------------------------------
+
+    def tool_result(
+        self, thread_id: str, call_id: str, content: str, *, is_error: bool = False
+    ) -> None:
+        # A re-dispatched tool answering twice: the first answer stands.
+        with contextlib.suppress(DuplicateMessage):
+            try:
+                self.deliver(
+                    thread_id, call_id, content, message_id=f"result:{call_id}", is_error=is_error
+                )
+            except CallAnswered as refused:
+                # Answered meanwhile by someone else (an operator's deliver): theirs stands.
+                log.warning("tool result dropped: %s", refused)
+
+    def tool_event(
+        self,
+        thread_id: str,
+        call_id: str,
+        content: str,
+        *,
+        associative: bool,
+        final: bool,
+        message_id: str | None,
+    ) -> None:
+        with contextlib.suppress(DuplicateMessage):
+            self.send_event(
+                thread_id,
+                call_id,
+                content,
+                associative=associative,
+                final=final,
+                message_id=message_id,
+            )
+
+    def tool_schedule(self, thread_id: str, call_id: str, content: str, at: datetime) -> None:
+        message = EventMessage(call_id=call_id, content=content)
+        self.store.add_timer(
+            thread_id, NewTimer(call_id, at, f"schedule:{uuid.uuid4().hex}", message)
+        )
+
+    # internals --------------------------------------------------------------------------
+
+    def _refuse_if_busy(self, thread_id: str) -> None:
+        if self.agents is None or self.lease is None:
+            return
+        if not any(a.steering == "reject" for a in self.agents.values()):
+            return  # the common case: no thread read on every send
+        agent = self.agents.get(self.store.thread(thread_id).agent)
+        if agent is not None and agent.steering == "reject" and self.lease.held(thread_id):
+            raise ThreadBusy(thread_id)
+
+    def _check_size(self, thread_id: str, text: str) -> None:
+        size = len(text.encode())
+        if size > self.settings.max_message_bytes:
+            raise PayloadTooLarge(
+                f"message for thread {thread_id!r} is {size} bytes; "
+                f"the limit is {self.settings.max_message_bytes}"
+            )
+
+    def _enqueue(
+        self, thread_id: str, message_id: str | None, message: Inbound, priority: int
+    ) -> str:
+        message_id = message_id or new_message_id()
+        if self.dedup.seen(thread_id, message_id):
+            raise DuplicateMessage(thread_id, message_id)
+        self.store.enqueue(thread_id, message_id, message, priority)
+        self._wake_saved(thread_id, priority)
+        return message_id
+
+    def _wake_saved(self, thread_id: str, priority: int) -> None:
+        """Wake a thread whose message is already committed. A failed wake (the broker is
+        down) must not fail the call: the message is stored and the sweeper wakes the
+        thread, whereas an exception would invite the caller to retry (a second thread)."""
+        try:
+            self.wake(thread_id, priority)
+        except ControlSignal:
+            raise
+        except Exception as error:
+            self.wake_failed(thread_id, error)
+
+    def wake_failed(self, thread_id: str, error: Exception) -> None:
+        """Called when the wake after a stored message fails; logs a warning. Override it to
+        report the failure elsewhere (the ``dormant`` command prints one line)."""
+        log.warning(
+            "thread %s: the message is saved but waking the thread failed (%s: %s); "
+            "the sweeper will wake it",
+            thread_id,
+            type(error).__name__,
+            error,
+        )
