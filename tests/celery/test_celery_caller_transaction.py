@@ -23,6 +23,9 @@ from dormant.stores.sql import make_engine
 def running(deploy: Callable[..., Deployment]) -> Iterator[tuple[Deployment, Client, Engine]]:
     deployment = deploy()
     deployment.wait_ready(deployment.start_worker("w1", concurrency=2), timeout_s=90)
+    # As in production: a wake sent on a bare Connection goes out as COMMIT is issued, and a
+    # slice that starts before the rows are visible leaves them to the sweeper.
+    deployment.start_beat()
     engine = make_engine(deployment.env["DORMANT_DATABASE_URL"])
     yield deployment, deployment.client(), engine
     engine.dispose()
