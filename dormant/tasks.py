@@ -156,6 +156,12 @@ def _die(point: str) -> NoReturn:
     raise SystemExit(f"crash point {point}")  # unreachable: SIGKILL cannot be caught
 
 
+RETRY_COUNTDOWN_MAX_S = 60.0
+"""A failed slice whose backoff ends within this long is retried by Celery (RETRY in
+Flower); a longer backoff is left to the sweeper, which wakes the thread once its
+``retry_at`` passes, so no task waits long in a worker's memory as an ETA."""
+
+
 def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
     """Register ``dormant.slice``, ``dormant.tool`` and ``dormant.sweep`` on ``celery_app``.
 
@@ -196,7 +202,7 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                 raise SliceFailed(thread_id, error, stalled=True)
             case Failed(error=error, retry_at=retry_at) if retry_at is not None:
                 countdown_s = (retry_at - datetime.now(UTC)).total_seconds()
-                if countdown_s < rt.settings.visibility_timeout_s / 2:  # never a long ETA
+                if countdown_s <= RETRY_COUNTDOWN_MAX_S:  # never a long ETA: see its docstring
                     failure = SliceFailed(thread_id, error, stalled=False)
                     raise self.retry(countdown=max(0.0, countdown_s), exc=failure)
                 note = f"{error} (the sweeper retries after {retry_at:%H:%M:%S} UTC)"
