@@ -45,11 +45,11 @@ class TaskLabels:
 
     def agent(self, thread_id: str) -> str | None:
         with self._lock:
-            return self._agents.get(thread_id)
+            return _get(self._agents, thread_id)
 
     def tool(self, thread_id: str, call_id: str) -> str | None:
         with self._lock:
-            return self._tools.get((thread_id, call_id))
+            return _get(self._tools, (thread_id, call_id))
 
     def slice_name(self, task: str, thread_id: str) -> str | None:
         """``dormant.slice[triage]``, or None when the agent is not known here."""
@@ -62,6 +62,14 @@ class TaskLabels:
         if tool is None:
             return None
         return f"{task}[{tool}]" if row.action == "tool" else f"{task}[{tool}:{row.action}]"
+
+
+def _get(entries: OrderedDict[_K, str], key: _K) -> str | None:
+    """The entry, now the most recently used."""
+    value = entries.get(key)
+    if value is not None:
+        entries.move_to_end(key)
+    return value
 
 
 def _put(entries: OrderedDict[_K, str], key: _K, value: str, max_entries: int) -> None:
