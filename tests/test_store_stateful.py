@@ -9,6 +9,7 @@ timestamps a backend assigns are left out of the comparison; everything else mus
 
 from __future__ import annotations
 
+import os
 import shutil
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -192,6 +193,7 @@ class StoreContract(RuleBasedStateMachine):
     def every_reader_sees_the_same(self) -> None:
         for t in THREADS:
             self.both(lambda s, t=t: s.load(t))  # type: ignore[misc]
+            self.both(lambda s, t=t: _rows_seen(s, t))  # type: ignore[misc]
             self.both(lambda s, t=t: s.own_items(t))  # type: ignore[misc]
             self.both(lambda s, t=t: s.inbox(t))  # type: ignore[misc]
             self.both(lambda s, t=t: s.children(t))  # type: ignore[misc]
@@ -200,7 +202,23 @@ class StoreContract(RuleBasedStateMachine):
         self.both(lambda s: s.next_timer_due() is not None)
 
 
-_ASSIGNED = {"id", "created_at", "updated_at", "dispatched_at", "ran_at", "fired_at", "retry_at"}
+# ``inbox_seen`` is a row id, assigned by the backend: compared through ``_rows_seen`` instead.
+_ASSIGNED = {
+    "id",
+    "created_at",
+    "updated_at",
+    "dispatched_at",
+    "ran_at",
+    "fired_at",
+    "retry_at",
+    "inbox_seen",
+}
+
+
+def _rows_seen(store: Store, thread_id: str) -> list[str]:
+    """The message ids of the inbox rows a thread's ``inbox_seen`` mark covers."""
+    snap = store.load(thread_id)
+    return [row.message_id for row in snap.inbox if row.id <= snap.thread.inbox_seen]
 
 
 def _plain(value: Any) -> Any:
@@ -230,11 +248,6 @@ def _sqlite(tmp_path: Path) -> Callable[[], Store]:
 
 
 @pytest.mark.timeout(900)
-@pytest.mark.xfail(
-    strict=False,
-    reason="found 2026-11-30 after the merges: SQL and memory stores disagree on a load() after "
-    "some commit sequences (both backends); to be shrunk and fixed, see the session note",
-)
 @pytest.mark.parametrize(("backend", "examples"), [("sqlite", 25), ("postgres", 10)])
 def test_sql_stores_keep_the_contract_the_memory_store_keeps(
     backend: str, examples: int, tmp_path: Path, request: pytest.FixtureRequest
@@ -251,7 +264,8 @@ def test_sql_stores_keep_the_contract_the_memory_store_keeps(
     run_state_machine_as_test(
         lambda: StoreContract(open_sql),
         settings=settings(
-            max_examples=examples,
+            # A longer hunt: DORMANT_STATEFUL_EXAMPLES=300 pytest tests/test_store_stateful.py
+            max_examples=int(os.environ.get("DORMANT_STATEFUL_EXAMPLES", examples)),
             stateful_step_count=25,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
