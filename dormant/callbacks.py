@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import quote
 
 from dormant.base_client import BaseClient
 from dormant.errors import (
@@ -63,7 +64,7 @@ def callback_app(client: BaseClient) -> WSGIApp:
 
 def _deliver(client: BaseClient, environ: dict[str, Any]) -> str:
     # One leading slash: "//host/..." would otherwise be read as a network location.
-    path = "/" + str(environ.get("PATH_INFO", "")).lstrip("/")
+    path = "/" + _encoded_path(environ).lstrip("/")
     thread_id, call_id, token = parse_callback_url(f"{path}?{environ.get('QUERY_STRING', '')}")
     body = _body(environ, client.settings.max_message_bytes)
     message_id = _message_id(environ.get("HTTP_IDEMPOTENCY_KEY") or None, "Idempotency-Key")
@@ -83,6 +84,24 @@ def _deliver(client: BaseClient, environ: dict[str, Any]) -> str:
     return client.deliver(
         thread_id, call_id, result, message_id=message_id, token=token, is_error=is_error
     )
+
+
+def _encoded_path(environ: dict[str, Any]) -> str:
+    """The request path as sent, still percent-encoded.
+
+    ``PATH_INFO`` is already decoded, so decoding it again breaks ids holding ``%`` and an
+    encoded ``/`` in a thread id looks like a separator. Servers that keep the raw request
+    line (gunicorn's ``RAW_URI``, uWSGI's ``REQUEST_URI``, ``dormant serve``) are read as
+    is; otherwise ``PATH_INFO`` is re-encoded, which is exact except for ``/`` inside ids.
+    """
+    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
+    if raw:
+        return str(raw).split("?", 1)[0]
+    path = str(environ.get("PATH_INFO", ""))
+    try:
+        return quote(path.encode("latin-1"), safe="/")  # PEP 3333: bytes as latin-1
+    except UnicodeEncodeError:
+        return quote(path, safe="/")
 
 
 def _body(environ: dict[str, Any], limit_bytes: int) -> bytes:

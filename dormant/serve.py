@@ -14,6 +14,7 @@ import io
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
+from urllib.parse import quote, unquote
 
 from dormant.base_client import BaseClient
 from dormant.callbacks import callback_app
@@ -46,6 +47,7 @@ def asgi_app(client: BaseClient, receiver: WebhookReceiver) -> ASGIApp:
         if scope["type"] != "http":
             return
         path: str = scope["path"]
+        raw_path = _encoded_path(scope)
         method: str = scope["method"]
         if path == "/healthz" and method == "GET":
             await _send(send, WebhookReply(200, {"status": "ok"}))
@@ -68,13 +70,26 @@ def asgi_app(client: BaseClient, receiver: WebhookReceiver) -> ASGIApp:
         query = scope.get("query_string", b"").decode("latin-1")
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if path.startswith(WEBHOOKS_PREFIX):
-            rest = path[len(WEBHOOKS_PREFIX) :]
+            rest = raw_path[len(WEBHOOKS_PREFIX) :]
             reply = await asyncio.to_thread(receiver.receive, rest, query, headers, body)
         else:
-            reply = await asyncio.to_thread(_wsgi, callbacks, path, query, headers, body)
+            reply = await asyncio.to_thread(_wsgi, callbacks, raw_path, query, headers, body)
         await _send(send, reply)
 
     return app
+
+
+def _encoded_path(scope: Scope) -> str:
+    """The path as sent, percent-encoded: ids in it may hold an encoded ``/`` or ``%``.
+
+    ``scope["path"]`` is decoded; splitting or decoding it again would mangle such ids.
+    """
+    path: str = scope["path"]
+    raw: bytes | None = scope.get("raw_path")
+    encoded = raw.decode("latin-1").split("?", 1)[0] if raw else ""
+    if not encoded.startswith((CALLBACKS_PREFIX, WEBHOOKS_PREFIX)):
+        encoded = quote(path, safe="/")  # no raw path, or its prefix was itself encoded
+    return encoded
 
 
 def _ready(client: BaseClient) -> WebhookReply:
@@ -91,7 +106,8 @@ def _wsgi(
     """Run the WSGI callback receiver for one buffered request."""
     environ: dict[str, Any] = {
         "REQUEST_METHOD": "POST",
-        "PATH_INFO": path,
+        "PATH_INFO": unquote(path, encoding="latin-1"),
+        "RAW_URI": path,
         "QUERY_STRING": query,
         "CONTENT_LENGTH": str(len(body)),
         "CONTENT_TYPE": headers.get("content-type", ""),

@@ -136,3 +136,19 @@ def test_a_body_that_is_not_utf8_is_refused_with_a_reason_not_a_server_error(
     )
     assert answer.status_code == 400 and "must be UTF-8" in answer.json()["error"]
     assert system.store.inbox(thread_id) == before
+
+
+def test_a_thread_id_holding_a_percent_sign_reaches_its_thread(
+    served: tuple[LocalSystem, str, str],
+) -> None:
+    """The server has decoded the path once; the receiver must not decode it again."""
+    system, _, base = served
+    thread_id = system.launch("a", "go", thread_id="50%25 off")
+    system.run_until_idle()
+    assert "/50%2525%20off/" in urls["build"]
+    answer = httpx.post(local(urls["build"], base), json={"result": "built", "message_id": "p-1"})
+    assert answer.status_code == 202, answer.text
+    system.run_until_idle()
+    assert [r.content for r in system.history(thread_id) if isinstance(r, ToolResult)][-1] == (
+        "built"
+    )

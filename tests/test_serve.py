@@ -177,3 +177,21 @@ def test_the_server_serves_callback_urls_too(served: tuple[LocalSystem, str, str
     answer = httpx.post(callback, json=event, timeout=30.0)
     assert answer.status_code == 202 and answer.json()["message_id"] == "cb-1"
     assert any(row.message_id == "cb-1" for row in system.store.inbox(thread_id))
+
+
+def test_ids_holding_a_slash_or_a_percent_sign_survive_the_server(
+    served: tuple[LocalSystem, str, str],
+) -> None:
+    """The server routes on the path as sent: an encoded "/" in a thread id is not a separator."""
+    system, _, _ = served
+    thread_id = system.launch("watcher", "watch acme/app", thread_id="team/a%b")
+    system.run_until_idle()
+    assert "/team%2Fa%25b/" in urls["watch"]
+    callback = urls["watch"].replace("/webhooks/github/", "/callbacks/")
+    event = {"result": "PR #3", "event": True, "message_id": "slash-1"}
+    answer = httpx.post(callback, json=event, timeout=30.0)
+    assert answer.status_code == 202, answer.text
+    assert any(row.message_id == "slash-1" for row in system.store.inbox(thread_id))
+    body = json.dumps({"action": "opened", "number": 4}).encode()
+    hooked = github_post(urls["watch"], body, delivery="slash-delivery")
+    assert hooked.status_code == 202, hooked.text
