@@ -47,6 +47,7 @@ __all__ = [
     "CeleryDispatcher",
     "SettingsSource",
     "broker_priority",
+    "broker_transport_options",
     "celery_config",
     "client_dispatcher",
     "create_app",
@@ -69,6 +70,7 @@ SWEEP_TASK = "dormant.sweep"
 REDIS_PRIORITY_STEPS = (0, 3, 6, 9)
 """kombu's Redis priority lists; our levels 8, 4 and 0 land on three different steps."""
 _REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel", "redis+socket", "socket"})
+_AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
 
 _NO_AGENTS = "no agents: set DORMANT_AGENTS to a module, e.g. myapp.agents"
 
@@ -97,12 +99,39 @@ def _dormant_queues() -> list[Queue]:
     ]
 
 
+def _scheme(broker_url: str) -> str:
+    return urlsplit(broker_url.split(";")[0]).scheme  # "a;b": failover URLs share a transport
+
+
 def _is_redis(broker_url: str) -> bool:
-    return urlsplit(broker_url.split(";")[0]).scheme in _REDIS_SCHEMES
+    return _scheme(broker_url) in _REDIS_SCHEMES
 
 
-def celery_config(settings: Settings) -> dict[str, Any]:
-    """The configuration baseline of DESIGN section 7, for an app dormant owns."""
+def _is_amqp(broker_url: str) -> bool:
+    return _scheme(broker_url) in _AMQP_SCHEMES
+
+
+def broker_transport_options(settings: Settings) -> dict[str, Any]:
+    """Options for the broker's kombu transport, which differ by broker.
+
+    Redis emulates acknowledgement (a visibility timeout) and priorities (one list per
+    priority step); RabbitMQ does both itself, and publisher confirms make a send return
+    only once the broker has taken the message. A Redis-only setting that a RabbitMQ
+    broker would silently ignore is refused instead.
+    """
+    if _is_redis(settings.broker_url):
+        return _redis_transport_options(settings)
+    if settings.broker_key_prefix:
+        raise ConfigurationError(
+            "DORMANT_BROKER_KEY_PREFIX applies to a Redis broker only; to share a RabbitMQ"
+            " broker, give each deployment its own virtual host (amqp://host:5672/vhost)"
+        )
+    if _is_amqp(settings.broker_url):
+        return {"confirm_publish": True}
+    return {}
+
+
+def _redis_transport_options(settings: Settings) -> dict[str, Any]:
     restore_s = max(1.0, min(10.0, settings.visibility_timeout_s / 10))
     transport: dict[str, Any] = {
         # Above the longest slice: an unacked task is handed to another worker after it.
@@ -116,10 +145,15 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     }
     if settings.broker_key_prefix:
         transport["global_keyprefix"] = settings.broker_key_prefix
+    return transport
+
+
+def celery_config(settings: Settings) -> dict[str, Any]:
+    """The configuration baseline of DESIGN section 7, for an app dormant owns."""
     return {
         "broker_url": settings.broker_url,
         "broker_connection_retry_on_startup": True,
-        "broker_transport_options": transport,
+        "broker_transport_options": broker_transport_options(settings),
         # JSON only: a message is data, never code.
         "task_serializer": "json",
         "result_serializer": "json",

@@ -3,8 +3,11 @@
 Each session creates ``dormant_celery_<hex>`` on the server at ``DORMANT_TEST_POSTGRES_URL``
 (migrated with ``upgrade``) and drops it at the end. Each test gets its own key prefix for
 dormant's Redis keys and its own broker key prefix (kombu's ``global_keyprefix``), so runs
-and tests never see each other's tasks; its keys are deleted at teardown. Workers and beat
-are ``python -m celery -A dormant.worker ...`` subprocesses, killed at teardown. Without a
+and tests never see each other's tasks; its keys are deleted at teardown. A test that asks
+for RabbitMQ as broker (``deploy(broker="amqp")``) gets the session's own virtual host,
+added with ``rabbitmqctl`` on first use and deleted at the end; its queues are deleted at
+the test's teardown, so the next test starts from empty queues. Workers and beat are
+``python -m celery -A dormant.worker ...`` subprocesses, killed at teardown. Without a
 server the tests are skipped loudly, except in CI (``CI=true``) where that is a failure.
 
 Deadlines scale with how slow the machine is right now (``slowness``): a wait returns as
@@ -24,7 +27,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
+import kombu
+import kombu.exceptions
 import pytest
 import redis
 from celery_agents import shared_key
@@ -39,6 +45,10 @@ REDIS_URL = os.environ.get("DORMANT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FLUSH_REDIS_DB = int(os.environ.get("DORMANT_TEST_FLUSH_REDIS_DB", "7"))
 """A Redis database the flush test may FLUSHDB (only if it holds nothing but this run's keys)."""
 FLUSH_REDIS_URL = f"{REDIS_URL.rsplit('/', 1)[0]}/{FLUSH_REDIS_DB}"
+AMQP_URL = os.environ.get("DORMANT_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
+"""RabbitMQ, without a virtual host: each session adds its own with ``rabbitmqctl``."""
+BROKERS = ["redis", "amqp"]
+"""The brokers the broker-sensitive tests run on (``deploy(broker=...)``)."""
 QUEUES = "dormant.interactive,dormant.background,dormant.tools"
 SLOWNESS = float(os.environ.get("DORMANT_TEST_SLOWNESS", "1"))
 """A factor on every deadline, on top of the measured load (for machines slow at rest)."""
@@ -54,7 +64,7 @@ _CLI = (
 
 def _unavailable(reason: str) -> None:
     if os.environ.get("CI") == "true":
-        pytest.fail(f"the Celery tests need PostgreSQL and Redis in CI: {reason}")
+        pytest.fail(f"the Celery tests need PostgreSQL, Redis and RabbitMQ in CI: {reason}")
     pytest.skip(f"!!! CELERY TESTS NOT RUN: {reason}")
 
 
@@ -74,6 +84,49 @@ def redis_server() -> Iterator[redis.Redis]:
         _unavailable(f"cannot connect to Redis at {REDIS_URL}: {exc}")
     yield client
     client.close()
+
+
+def _rabbitmqctl(*args: str) -> str | None:
+    """Run ``rabbitmqctl`` (it needs the node's Erlang cookie: root, or the rabbitmq user);
+    None if it succeeded, else why not."""
+    try:
+        done = subprocess.run(
+            ["rabbitmqctl", "-q", *args], capture_output=True, text=True, timeout=120
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"rabbitmqctl {args[0]} failed: {exc}"
+    if done.returncode != 0:
+        return f"rabbitmqctl {' '.join(args)} failed: {done.stderr.strip()}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def amqp_broker_url() -> Iterator[str]:
+    """A RabbitMQ virtual host private to this session, as a broker URL."""
+    try:
+        with kombu.Connection(f"{AMQP_URL}//", connect_timeout=3) as conn:
+            conn.ensure_connection(max_retries=1)
+    except (OSError, kombu.exceptions.KombuError) as exc:
+        _unavailable(f"cannot connect to RabbitMQ at {AMQP_URL}: {exc}")
+    vhost = f"dormant_test_{secrets.token_hex(5)}"
+    if failure := _rabbitmqctl("add_vhost", vhost):
+        _unavailable(failure)
+    try:
+        user = urlsplit(AMQP_URL).username or "guest"
+        if failure := _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*"):
+            _unavailable(failure)
+        yield f"{AMQP_URL}/{vhost}"
+    finally:
+        if failure := _rabbitmqctl("delete_vhost", vhost):
+            print(f"!!! the RabbitMQ virtual host {vhost} is left behind: {failure}")
+
+
+def _delete_amqp_queues(broker_url: str) -> None:
+    """Delete dormant's queues (and what a dead test left in them) from the virtual host."""
+    with kombu.Connection(broker_url, connect_timeout=10) as conn:
+        channel = conn.default_channel
+        for name in QUEUES.split(","):
+            channel.queue_delete(name)
 
 
 def slowness() -> float:
@@ -156,6 +209,7 @@ class Deployment:
     prefix: str
     redis: redis.Redis
     log_dir: Path
+    broker: str = "redis"
     procs: list[Proc] = field(default_factory=list)
     clients: list[Client] = field(default_factory=list)
     expected_deaths: set[str] = field(default_factory=set)
@@ -236,6 +290,8 @@ class Deployment:
             proc.kill()
         for client in self.clients:
             client.close()
+        if self.broker == "amqp":
+            _delete_amqp_queues(self.env["DORMANT_BROKER_URL"])
         for url in {self.env["DORMANT_REDIS_URL"], REDIS_URL}:
             conn = redis.Redis.from_url(url)
             keys = list(conn.scan_iter(match=f"{self.prefix}*", count=1000))
@@ -251,18 +307,28 @@ def deploy(
     tmp_path: Path,
     request: pytest.FixtureRequest,
 ) -> Iterator[Callable[..., Deployment]]:
-    """Make a deployment with ``DORMANT_*`` overrides: ``deploy(DORMANT_LEASE_TTL_S="2")``."""
+    """Make a deployment with ``DORMANT_*`` overrides: ``deploy(DORMANT_LEASE_TTL_S="2")``.
+
+    ``broker="amqp"`` puts its tasks on RabbitMQ (the session's virtual host) instead of
+    Redis; the lease, dedup ids, wake marks and events stay in Redis, as in production."""
     made: list[Deployment] = []
 
-    def make(**overrides: str) -> Deployment:
+    def make(broker: str = "redis", **overrides: str) -> Deployment:
         prefix = f"dct{secrets.token_hex(5)}"
+        if broker == "amqp":
+            broker_env = {"DORMANT_BROKER_URL": request.getfixturevalue("amqp_broker_url")}
+        else:
+            assert broker == "redis", f"unknown broker {broker!r}"
+            broker_env = {
+                "DORMANT_BROKER_URL": REDIS_URL,
+                "DORMANT_BROKER_KEY_PREFIX": f"{prefix}:broker:",
+            }
         env = {
             "DORMANT_DATABASE_URL": celery_database_url,
-            "DORMANT_BROKER_URL": REDIS_URL,
+            **broker_env,
             "DORMANT_REDIS_URL": REDIS_URL,
             "DORMANT_TEST_REDIS_URL": REDIS_URL,
             "DORMANT_KEY_PREFIX": prefix,
-            "DORMANT_BROKER_KEY_PREFIX": f"{prefix}:broker:",
             "DORMANT_SECRET_KEY": secrets.token_hex(16),
             "DORMANT_AGENTS": "celery_agents",
             "DORMANT_SWEEP_INTERVAL_S": "1",
@@ -273,7 +339,7 @@ def deploy(
         }
         log_dir = tmp_path / prefix
         log_dir.mkdir()
-        deployment = Deployment(env, prefix, redis_server, log_dir)
+        deployment = Deployment(env, prefix, redis_server, log_dir, broker)
         made.append(deployment)
         return deployment
 

@@ -1,4 +1,5 @@
-"""Ordering under concurrency: two workers, 50 threads, 20 messages each from 4 processes."""
+"""Ordering under concurrency: two workers, 50 threads, 20 messages each from 4 processes,
+on Redis and on RabbitMQ as broker."""
 
 from __future__ import annotations
 
@@ -6,8 +7,9 @@ import itertools
 import multiprocessing
 from collections.abc import Callable
 
+import pytest
 from celery_senders import send_messages
-from conftest import Deployment, scaled, wait_until
+from conftest import BROKERS, Deployment, scaled, wait_until
 
 from dormant.client import Client
 from dormant.messages import AssistantTurn, UserText
@@ -32,10 +34,11 @@ def _intervals(d: Deployment, thread_id: str) -> list[tuple[float, float]]:
     return sorted((float(s), float(e)) for s, e, _pid in (r.split() for r in raw))
 
 
+@pytest.mark.parametrize("broker", BROKERS)
 def test_concurrent_senders_keep_order_and_no_slices_overlap(
-    deploy: Callable[..., Deployment],
+    deploy: Callable[..., Deployment], broker: str
 ) -> None:
-    d = deploy()
+    d = deploy(broker)
     workers = [d.start_worker("w1"), d.start_worker("w2")]
     d.start_beat()
     client = d.client()
