@@ -86,7 +86,7 @@ def redis_server() -> Iterator[redis.Redis]:
     client.close()
 
 
-def _rabbitmqctl(*args: str) -> str | None:
+def rabbitmqctl(*args: str) -> str | None:
     """Run ``rabbitmqctl`` (it needs the node's Erlang cookie: root, or the rabbitmq user);
     None if it succeeded, else why not."""
     try:
@@ -109,15 +109,15 @@ def amqp_broker_url() -> Iterator[str]:
     except (OSError, kombu.exceptions.KombuError) as exc:
         _unavailable(f"cannot connect to RabbitMQ at {AMQP_URL}: {exc}")
     vhost = f"dormant_test_{secrets.token_hex(5)}"
-    if failure := _rabbitmqctl("add_vhost", vhost):
+    if failure := rabbitmqctl("add_vhost", vhost):
         _unavailable(failure)
     try:
         user = urlsplit(AMQP_URL).username or "guest"
-        if failure := _rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*"):
+        if failure := rabbitmqctl("set_permissions", "-p", vhost, user, ".*", ".*", ".*"):
             _unavailable(failure)
         yield f"{AMQP_URL}/{vhost}"
     finally:
-        if failure := _rabbitmqctl("delete_vhost", vhost):
+        if failure := rabbitmqctl("delete_vhost", vhost):
             print(f"!!! the RabbitMQ virtual host {vhost} is left behind: {failure}")
 
 

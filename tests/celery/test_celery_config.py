@@ -18,6 +18,7 @@ from dormant.worker import (
     QUEUES,
     CeleryDispatcher,
     broker_priority,
+    broker_transport_options,
     celery_config,
     create_app,
     install,
@@ -48,6 +49,21 @@ def test_the_baseline_is_json_only_with_late_acks_and_task_events() -> None:
     assert transport["queue_order_strategy"] == "priority"
     assert transport["global_keyprefix"] == "p:"
     assert [q.name for q in conf["task_queues"]] == list(QUEUES)
+
+
+def test_a_rabbitmq_broker_gets_publisher_confirms_and_no_redis_transport_options() -> None:
+    amqp = Settings(broker_url="amqp://guest:guest@127.0.0.1:5672/prod", visibility_timeout_s=9.0)
+    assert celery_config(amqp)["broker_transport_options"] == {"confirm_publish": True}
+    redis_only = {"visibility_timeout", "queue_order_strategy", "priority_steps", "sep"}
+    assert not redis_only & set(broker_transport_options(amqp))
+    # RabbitMQ orders a queue by priority only if it is declared with x-max-priority.
+    assert all(q.max_priority == 9 for q in celery_config(amqp)["task_queues"])
+
+
+def test_a_redis_key_prefix_on_a_rabbitmq_broker_is_refused_not_ignored() -> None:
+    settings = Settings(broker_url="amqp://127.0.0.1:5672//", broker_key_prefix="p:")
+    with pytest.raises(ConfigurationError, match="virtual host"):
+        celery_config(settings)
 
 
 def test_importing_the_worker_reads_nothing_until_the_app_is_asked_for(

@@ -1,0 +1,67 @@
+"""What a send leaves on the broker, Redis or RabbitMQ; no worker runs.
+
+Within one queue the more urgent wake is served first (kombu's priority lists on Redis,
+an ``x-max-priority`` queue on RabbitMQ). On RabbitMQ a send from a process whose pooled
+connection the broker has closed (a broker restart, an idle web process's missed
+heartbeats) still reaches the queue, once: Celery's publish retry opens a new connection.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import unquote, urlsplit
+
+import pytest
+from celery import Celery
+from conftest import BROKERS, Deployment, rabbitmqctl
+
+from dormant.settings import Settings
+from dormant.stores.base import Priority
+from dormant.worker import QUEUE_BACKGROUND, QUEUE_INTERACTIVE, CeleryDispatcher, celery_config
+
+
+def _app(settings: Settings) -> Celery:
+    app = Celery("broker-sends", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return app
+
+
+def _next_slice(app: Celery, queue: str) -> str | None:
+    """The thread id of the next slice message ``queue`` serves (taken off it), or None."""
+    with app.connection_for_read() as conn:
+        message = app.amqp.queues[queue](conn.default_channel).get(no_ack=True, accept=["json"])
+        if message is None:
+            return None
+        _args, kwargs, _embed = message.decode()
+        return str(kwargs["thread_id"])
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_a_more_urgent_wake_is_served_first_within_its_queue(
+    deploy: Callable[..., Deployment], broker: str
+) -> None:
+    d = deploy(broker)
+    app = _app(d.settings)
+    dispatcher = CeleryDispatcher(app)
+    dispatcher.wake("thr_swept", 0)  # the sweeper's re-drive
+    dispatcher.wake("thr_result", Priority.BACKGROUND)  # a tool result, sent later
+    served = [_next_slice(app, QUEUE_BACKGROUND) for _ in range(3)]
+    assert served == ["thr_result", "thr_swept", None]
+    app.close()
+
+
+def test_a_send_after_rabbitmq_closed_the_connection_reaches_the_queue(
+    deploy: Callable[..., Deployment],
+) -> None:
+    d = deploy("amqp")
+    app = _app(d.settings)
+    dispatcher = CeleryDispatcher(app)
+    dispatcher.wake("thr_before", Priority.INTERACTIVE)
+    assert _next_slice(app, QUEUE_INTERACTIVE) == "thr_before"
+
+    vhost = unquote(urlsplit(d.env["DORMANT_BROKER_URL"]).path[1:])
+    failure = rabbitmqctl("close_all_connections", "--vhost", vhost, "dormant test")
+    assert failure is None, failure
+    dispatcher.wake("thr_after", Priority.INTERACTIVE)  # on the pooled, closed connection
+    assert _next_slice(app, QUEUE_INTERACTIVE) == "thr_after"
+    app.close()
