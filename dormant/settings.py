@@ -81,10 +81,12 @@ class Settings:
     """Test-only: names of points in the slice where a worker dies on purpose."""
     visibility_timeout_s: float = 3600.0
     """Redis broker: an unacknowledged task is redelivered after this long, so it must
-    exceed the longest slice or tool run (a dead worker's tasks come back after it)."""
+    exceed the longest slice or tool run (a dead worker's tasks come back after it). On any
+    broker, the sweeper presumes a tool task not run this long after dispatch lost."""
     broker_key_prefix: str = ""
     """Redis broker: a prefix for every key Celery uses (kombu's ``global_keyprefix``), so
-    several deployments (or test runs) can share one Redis database."""
+    several deployments (or test runs) can share one Redis database. Refused with another
+    broker (RabbitMQ: give each deployment a virtual host)."""
     webhook_secrets: tuple[tuple[str, tuple[str, ...]], ...] = ()
     """``dormant serve``'s webhook sources and their shared secrets, from
     ``DORMANT_WEBHOOK_SECRETS="github=key1,key2;other=key3"`` (every key verifies)."""
