@@ -82,7 +82,8 @@ class Settings:
     visibility_timeout_s: float = 3600.0
     """Redis broker: an unacknowledged task is redelivered after this long, so it must
     exceed the longest slice or tool run (a dead worker's tasks come back after it). On any
-    broker, the sweeper presumes a tool task not run this long after dispatch lost."""
+    broker, a tool task not run this long (plus ``outbox_grace_s``) after its dispatch is
+    presumed lost and re-dispatched by the sweeper."""
     broker_key_prefix: str = ""
     """Redis broker: a prefix for every key Celery uses (kombu's ``global_keyprefix``), so
     several deployments (or test runs) can share one Redis database. Refused with another
