@@ -129,6 +129,8 @@ class Client(BaseClient):
         def close() -> None:
             store.close()
             redis.close()
+            if celery_app is None:  # the dispatcher's own app; never the host's
+                dispatcher.close_broker()
 
         client = cls(
             store,

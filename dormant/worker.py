@@ -340,6 +340,14 @@ class CeleryDispatcher:
                 self._marks.clear(thread_id)  # the next wake must not be suppressed
             raise
 
+    def close_broker(self) -> None:
+        """Close the app's broker connections: for the producer-only app of
+        ``client_dispatcher``, which nothing else uses (a RabbitMQ connection left open
+        holds a process on the broker until this process exits). ``Celery.close`` alone
+        only drops its reference to the pool."""
+        self._app.pool.force_close_all()
+        self._app.close()
+
     def dispatch(self, row: OutboxRow) -> None:
         kwargs = {
             "thread_id": row.thread_id,

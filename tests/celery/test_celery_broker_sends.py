@@ -3,11 +3,13 @@
 Within one queue the more urgent wake is served first (kombu's priority lists on Redis,
 an ``x-max-priority`` queue on RabbitMQ). On RabbitMQ a send from a process whose pooled
 connection the broker has closed (a broker restart, an idle web process's missed
-heartbeats) still reaches the queue, once: Celery's publish retry opens a new connection.
+heartbeats) still reaches the queue, once: Celery's publish retry opens a new connection;
+and a closed ``Client`` leaves no connection open on the broker.
 """
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Callable
 from urllib.parse import unquote, urlsplit
 
@@ -15,6 +17,7 @@ import pytest
 from celery import Celery
 from conftest import BROKERS, Deployment, rabbitmqctl
 
+from dormant.client import Client
 from dormant.settings import Settings
 from dormant.stores.base import Priority
 from dormant.worker import QUEUE_BACKGROUND, QUEUE_INTERACTIVE, CeleryDispatcher, celery_config
@@ -24,6 +27,17 @@ def _app(settings: Settings) -> Celery:
     app = Celery("broker-sends", set_as_current=False)
     app.conf.update(celery_config(settings))
     return app
+
+
+def _vhost(d: Deployment) -> str:
+    return unquote(urlsplit(d.env["DORMANT_BROKER_URL"]).path[1:])
+
+
+def _connections(vhost: str) -> list[str]:
+    """The names of the open connections to ``vhost``, as RabbitMQ lists them."""
+    argv = ["rabbitmqctl", "-q", "list_connections", "-p", vhost, "--no-table-headers", "name"]
+    listed = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True)
+    return listed.stdout.split("\n")[:-1]
 
 
 def _next_slice(app: Celery, queue: str) -> str | None:
@@ -59,9 +73,19 @@ def test_a_send_after_rabbitmq_closed_the_connection_reaches_the_queue(
     dispatcher.wake("thr_before", Priority.INTERACTIVE)
     assert _next_slice(app, QUEUE_INTERACTIVE) == "thr_before"
 
-    vhost = unquote(urlsplit(d.env["DORMANT_BROKER_URL"]).path[1:])
-    failure = rabbitmqctl("close_all_connections", "--vhost", vhost, "dormant test")
+    failure = rabbitmqctl("close_all_connections", "--vhost", _vhost(d), "dormant test")
     assert failure is None, failure
     dispatcher.wake("thr_after", Priority.INTERACTIVE)  # on the pooled, closed connection
     assert _next_slice(app, QUEUE_INTERACTIVE) == "thr_after"
     app.close()
+
+
+def test_closing_a_client_closes_its_rabbitmq_connections(
+    deploy: Callable[..., Deployment],
+) -> None:
+    d = deploy("amqp")
+    client = Client.from_env(d.env)
+    client.launch("echo", "hello")  # the wake opens a connection
+    assert _connections(_vhost(d)) != []
+    client.close()
+    assert _connections(_vhost(d)) == []
