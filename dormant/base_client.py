@@ -24,6 +24,7 @@ from dormant.errors import (
     MessageRejected,
     PayloadTooLarge,
     ThreadBusy,
+    UnknownMessage,
 )
 from dormant.history import pending
 from dormant.messages import (
@@ -153,7 +154,8 @@ class BaseClient(ABC):
         """
         self._check_size(thread_id, text)
         self._refuse_if_busy(thread_id)
-        return self._enqueue(thread_id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
+        message = UserMessage(text=text)
+        return self._enqueue(thread_id, message_id, message, Priority.INTERACTIVE, limited=True)
 
     def deliver(
         self,
@@ -214,10 +216,16 @@ class BaseClient(ABC):
         text = as_text(content)
         self._check_size(thread_id, text)
         message = EventMessage(call_id=call_id, content=text, associative=associative, final=final)
-        return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND)
+        return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND, limited=True)
 
-    def retry(self, thread_id: str) -> ThreadInfo:
-        """Re-drive a stalled thread: its queued messages are applied again."""
+    def retry(self, thread_id: str, message_id: str | None = None) -> ThreadInfo:
+        """Re-drive a thread: un-stall it, and put its quarantined messages (or only
+        ``message_id``) back in its inbox; they are applied by its next slice, after any
+        input it processed meanwhile. ``UnknownMessage`` if ``message_id`` is not
+        quarantined there."""
+        released = self.store.release_quarantined(thread_id, message_id)
+        if message_id is not None and not released:
+            raise UnknownMessage(thread_id, message_id)
         snap = self.store.load(thread_id)
         thread = snap.thread
         if thread.status is ThreadStatus.STALLED:
@@ -316,12 +324,23 @@ class BaseClient(ABC):
             )
 
     def _enqueue(
-        self, thread_id: str, message_id: str | None, message: Inbound, priority: int
+        self,
+        thread_id: str,
+        message_id: str | None,
+        message: Inbound,
+        priority: int,
+        *,
+        limited: bool = False,
     ) -> str:
+        """Store and wake; ``limited`` input (user text, events) is refused with
+        ``InboxFull`` past ``max_inbox_depth``. Tool results never are: a call must get
+        its result, and the thread is what drains its inbox."""
         message_id = message_id or new_message_id()
         if self.dedup.seen(thread_id, message_id):
             raise DuplicateMessage(thread_id, message_id)
-        self.store.enqueue(thread_id, message_id, message, priority)
+        depth = self.settings.max_inbox_depth
+        max_open = depth if limited and depth > 0 else None
+        self.store.enqueue(thread_id, message_id, message, priority, max_open=max_open)
         self._wake_saved(thread_id, priority)
         return message_id
 

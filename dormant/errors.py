@@ -10,6 +10,7 @@
     ├── NotFound
     │   ├── UnknownThread
     │   ├── UnknownCall
+    │   ├── UnknownMessage          ``retry`` of a message that is not quarantined
     │   └── UnknownAgent
     ├── MessageRejected             the sender's input was refused; nothing was stored
     │   ├── ThreadClosed
@@ -18,10 +19,14 @@
     │   ├── PayloadTooLarge
     │   ├── MalformedMessage
     │   ├── ThreadBusy              user text while a slice runs ("reject" steering)
+    │   ├── InboxFull               the thread already has ``max_inbox_depth`` open rows
     │   ├── CallAnswered            a second, different result for an answered call
     │   └── DuplicateMessage        the message id was already received
     ├── ThreadsFailed               run_until_idle: threads stalled or retrying after failures
     ├── SliceFailed                 a slice failed or met a stalled thread (already recorded)
+    ├── LimitExceeded               a slice outgrew a limit (recorded as its failure)
+    │   ├── HistoryTooLarge         the history passed ``max_history_bytes``
+    │   └── SliceDeadlineExceeded   the slice ran past ``slice_deadline_s``
     ├── ModelError                  the provider failed
     │   ├── ModelRetryable          rate limit, 5xx, dropped or truncated stream
     │   └── ModelFatal              bad request, auth: retrying cannot help
@@ -49,8 +54,11 @@ __all__ = [
     "DatabaseUnavailable",
     "DormantError",
     "DuplicateMessage",
+    "HistoryTooLarge",
+    "InboxFull",
     "InvalidToken",
     "LeaseLost",
+    "LimitExceeded",
     "MalformedMessage",
     "MessageRejected",
     "ModelError",
@@ -60,6 +68,7 @@ __all__ = [
     "PayloadTooLarge",
     "RedisUnavailable",
     "SchemaMissing",
+    "SliceDeadlineExceeded",
     "SliceFailed",
     "SteeredAway",
     "SubscriptionCancelled",
@@ -69,6 +78,7 @@ __all__ = [
     "Unavailable",
     "UnknownAgent",
     "UnknownCall",
+    "UnknownMessage",
     "UnknownThread",
 ]
 
@@ -115,8 +125,11 @@ class NotFound(DormantError):
 
 
 class UnknownThread(NotFound):
+    """No such thread: it never existed, or retention deleted it (``dormant prune``). The
+    two are not told apart on purpose: pruning keeps no tombstone (see docs/guarantees.md)."""
+
     def __init__(self, thread_id: str) -> None:
-        super().__init__(f"unknown thread {thread_id!r}")
+        super().__init__(f"unknown thread {thread_id!r} (never created, or pruned)")
         self.thread_id = thread_id
 
 
@@ -125,6 +138,13 @@ class UnknownCall(NotFound):
         super().__init__(f"thread {thread_id!r} never made call {call_id!r}")
         self.thread_id = thread_id
         self.call_id = call_id
+
+
+class UnknownMessage(NotFound):
+    def __init__(self, thread_id: str, message_id: str) -> None:
+        super().__init__(f"thread {thread_id!r} has no quarantined message {message_id!r}")
+        self.thread_id = thread_id
+        self.message_id = message_id
 
 
 class UnknownAgent(NotFound, ConfigurationError):
@@ -178,6 +198,19 @@ class ThreadBusy(MessageRejected):
         self.thread_id = thread_id
 
 
+class InboxFull(MessageRejected):
+    """The thread already has ``max_inbox_depth`` messages waiting (pending or deferred):
+    the sender should slow down and try again once the thread has caught up."""
+
+    def __init__(self, thread_id: str, depth: int) -> None:
+        super().__init__(
+            f"thread {thread_id!r} already has {depth} messages waiting (max_inbox_depth); "
+            "try again once it has caught up"
+        )
+        self.thread_id = thread_id
+        self.depth = depth
+
+
 class CallAnswered(MessageRejected):
     """A result with a new message id for a call that already has its result (and is not
     a subscription, whose later results are events): it would change nothing."""
@@ -229,6 +262,29 @@ class SliceFailed(DormantError):
 
 def _slice_failed(thread_id: str, reason: str, stalled: bool) -> SliceFailed:
     return SliceFailed(thread_id, reason, stalled=stalled)
+
+
+class LimitExceeded(DormantError):
+    """A slice outgrew a configured limit; like any slice exception it is recorded as the
+    slice's failure (and counts towards quarantine and stalling)."""
+
+
+class HistoryTooLarge(LimitExceeded):
+    def __init__(self, thread_id: str, size_bytes: int, limit_bytes: int) -> None:
+        super().__init__(
+            f"history of thread {thread_id!r} is {size_bytes} bytes; the limit is "
+            f"{limit_bytes} (max_history_bytes)"
+        )
+        self.thread_id = thread_id
+
+
+class SliceDeadlineExceeded(LimitExceeded):
+    def __init__(self, thread_id: str, elapsed_s: float, deadline_s: float) -> None:
+        super().__init__(
+            f"slice of thread {thread_id!r} ran {elapsed_s:.1f} s, past its deadline of "
+            f"{deadline_s:g} s (slice_deadline_s); nothing was committed"
+        )
+        self.thread_id = thread_id
 
 
 class ModelError(DormantError):

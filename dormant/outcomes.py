@@ -70,6 +70,8 @@ class Failed:
     error: str
     stalled: bool
     retry_at: datetime | None = None
+    quarantined: str | None = None
+    """The id of the message set aside (poison): the thread goes on with its other input."""
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,13 @@ ENV_NAMES = {
     "table_prefix": "DORMANT_TABLE_PREFIX",
     "debug": "DORMANT_DEBUG",
     "webhook_secrets": "DORMANT_WEBHOOK_SECRETS",
+    "max_history_bytes": "DORMANT_MAX_HISTORY_BYTES",
+    "max_inbox_depth": "DORMANT_MAX_INBOX_DEPTH",
+    "slice_deadline_s": "DORMANT_SLICE_DEADLINE_S",
+    "quarantine_after_failures": "DORMANT_QUARANTINE_AFTER_FAILURES",
+    "prune_older_than_s": "DORMANT_PRUNE_OLDER_THAN_S",
+    "prune_batch_size": "DORMANT_PRUNE_BATCH_SIZE",
+    "prune_interval_s": "DORMANT_PRUNE_INTERVAL_S",
 }
 
 
@@ -60,6 +67,27 @@ class Settings:
     no chunk arrives to renew it; a dead holder's thread is re-driven after this long."""
     token_ttl_s: float = 7 * 24 * 3600.0
     max_message_bytes: int = 256 * 1024
+    """One message's text (``launch``, ``send``, ``deliver``, events, callbacks): larger
+    ones are refused with ``PayloadTooLarge`` before anything is stored."""
+    max_history_bytes: int = 16 * 1024 * 1024
+    """A thread's model-visible history (JSON bytes, after compaction): a slice that would
+    send more to the model fails with ``HistoryTooLarge`` (recorded; 0 turns it off)."""
+    max_inbox_depth: int = 1000
+    """Messages waiting in one thread's inbox (pending or deferred): user text and events
+    past it are refused with ``InboxFull``; tool results never are (0 turns it off)."""
+    slice_deadline_s: float = 600.0
+    """A slice still running after this long is abandoned before its next model round or
+    its commit, and recorded as a failure (``SliceDeadlineExceeded``; 0 turns it off)."""
+    quarantine_after_failures: int = 3
+    """A thread whose slices failed this many times in a row, the last ones with one inbox
+    row alone as input, sets that row aside (quarantine) and goes on (0 turns it off)."""
+    prune_older_than_s: float = 0.0
+    """Retention for the beat task ``dormant.prune``: closed threads and finished rows older
+    than this are deleted. 0 (the default) means the beat task never prunes."""
+    prune_batch_size: int = 500
+    """Rows (or closed thread trees) deleted per transaction when pruning."""
+    prune_interval_s: float = 3600.0
+    """How often beat runs ``dormant.prune`` when ``prune_older_than_s`` is set."""
     max_rounds_per_slice: int = 8
     chunk_flush_s: float = 0.05
     """Streamed text is published to observers at most this often (coalesced chunks): a

@@ -31,8 +31,10 @@ from dormant.compaction import COMPACTION_INSTRUCTIONS, needs_compaction, safe_s
 from dormant.errors import (
     ControlSignal,
     CrashPoint,
+    HistoryTooLarge,
     LeaseLost,
     ModelError,
+    SliceDeadlineExceeded,
     SteeredAway,
     UnknownAgent,
     UnknownThread,
@@ -65,12 +67,14 @@ from dormant.outcomes import (
     Waiting,
     settled,
 )
+from dormant.quarantine import history_bytes, isolate, poison
 from dormant.settings import Settings
 from dormant.stores.base import (
     CallRecord,
     CallState,
     Commit,
     DedupSet,
+    InboxRow,
     Lease,
     OutboxRow,
     Priority,
@@ -209,6 +213,7 @@ class _Slice:
         self.streamed = ""
         self.flushed_at = time.monotonic()
         self.committed = False
+        self.started_at = deps.clock()
 
     def run(self) -> tuple[SliceOutcome, int | None]:
         deps = self.deps
@@ -226,6 +231,7 @@ class _Slice:
             return Stalled(self.thread_id, snap.thread.last_error), None
         if not snap.inbox:
             return settled(self.thread_id, snap.thread.status, snap.calls), None
+        snap = isolate(snap)  # after a failure: one suspect row alone (quarantine.py)
         self.seen = max(row.id for row in snap.inbox)
         try:
             return self._apply(snap)
@@ -243,6 +249,9 @@ class _Slice:
                 describe(error),
                 exc_info=not expected,
             )
+            suspect = poison(deps.settings, snap, error)
+            if suspect is not None:
+                return self._quarantine(snap, suspect, describe(error)), suspect.id
             return self._failed(snap.thread.failures, describe(error)), None
 
     def _apply(self, snap: Snapshot) -> tuple[SliceOutcome, int | None]:
@@ -284,6 +293,27 @@ class _Slice:
             )
         return Failed(self.thread_id, info.last_error, stalled, retry_at)
 
+    def _quarantine(self, snap: Snapshot, row: InboxRow, error: str) -> Failed:
+        """Set the poison row aside; the thread goes on with its other input at once."""
+        deps = self.deps
+        failures = snap.thread.failures + 1
+        reason = f"quarantined after {failures} failed slices: {error}"
+        deps.store.quarantine(self.thread_id, row.id, reason)
+        deps.events.publish(
+            Rejected(thread_id=self.thread_id, message_id=row.message_id, reason=reason)
+        )
+        detail = f"message {row.message_id!r} {reason}"
+        return Failed(self.thread_id, detail, stalled=False, quarantined=row.message_id)
+
+    def _check_deadline(self) -> None:
+        """Abandon a slice that ran past ``slice_deadline_s`` (checked between steps)."""
+        deadline_s = self.deps.settings.slice_deadline_s
+        if deadline_s <= 0:
+            return
+        elapsed_s = (self.deps.clock() - self.started_at).total_seconds()
+        if elapsed_s > deadline_s:
+            raise SliceDeadlineExceeded(self.thread_id, elapsed_s, deadline_s)
+
     # step 5-6 -------------------------------------------------------------------------
 
     def _converse(self, agent: Agent, snap: Snapshot, applied: Applied, turn: Turn) -> None:
@@ -292,8 +322,12 @@ class _Slice:
         visible = [*snap.items, *turn.items]
         if needs_compaction(agent, model, snap.thread):
             visible = self._compact(agent, model, snap.items, visible, turn)
+        limit_bytes = deps.settings.max_history_bytes
+        if limit_bytes > 0 and (size_bytes := history_bytes(visible)) > limit_bytes:
+            raise HistoryTooLarge(self.thread_id, size_bytes, limit_bytes)
         instructions = instructions_for(agent, snap.thread)
         for _ in range(deps.settings.max_rounds_per_slice):
+            self._check_deadline()
             request = ModelRequest(
                 self.thread_id,
                 instructions,
@@ -383,6 +417,7 @@ class _Slice:
         if now - self.flushed_at >= deps.settings.chunk_flush_s:
             self._flush_chunks(now)
         self._keep_lease(now)
+        self._check_deadline()
         if self.steering and now - self.steer_checked_at >= deps.settings.steer_check_s:
             self.steer_checked_at = now
             if deps.store.has_pending_after(self.thread_id, self.seen, user_text_only=True):
@@ -423,6 +458,7 @@ class _Slice:
             enqueue=turn.enqueue,
             usage=turn.usage,
         )
+        self._check_deadline()
         deps.crash("before_commit")
         rows = deps.store.commit(commit)
         if rows is None:

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from dormant.messages import Inbound, Item, Usage
 
 __all__ = [
+    "RETRIED_MARK",
     "CallRecord",
     "CallState",
     "Commit",
@@ -27,6 +28,7 @@ __all__ = [
     "NewTimer",
     "OutboxRow",
     "Priority",
+    "PruneCounts",
     "QueryStore",
     "SliceStore",
     "Snapshot",
@@ -73,6 +75,14 @@ class InboxState(StrEnum):
     from an id watermark, because rows may become visible out of id order."""
     DONE = "done"
     REJECTED = "rejected"
+    QUARANTINED = "quarantined"
+    """Set aside after its slice failed ``quarantine_after_failures`` times with this row
+    alone as input; ``reason`` holds the error. ``retry`` makes it pending again."""
+
+
+RETRIED_MARK = "retried after quarantine: "
+"""The start of the ``reason`` of a row ``retry`` released from quarantine: it was applied
+when the operator retried it, after input that arrived later (``dormant check`` knows)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,6 +160,32 @@ class TimerRow:
     message_id: str
     message: Inbound
     fired_at: datetime | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PruneCounts:
+    """What one retention batch deleted (``Store.prune_batch``)."""
+
+    threads: int = 0
+    """Closed threads deleted, each with its items, calls, inbox, outbox and timers."""
+    inbox: int = 0
+    """Finished (done, rejected) inbox rows of live threads."""
+    outbox: int = 0
+    """Outbox rows a worker ran."""
+    timers: int = 0
+    """Fired timers."""
+
+    @property
+    def total(self) -> int:
+        return self.threads + self.inbox + self.outbox + self.timers
+
+    def __add__(self, other: PruneCounts) -> PruneCounts:
+        return PruneCounts(
+            self.threads + other.threads,
+            self.inbox + other.inbox,
+            self.outbox + other.outbox,
+            self.timers + other.timers,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +280,11 @@ class SliceStore(Protocol):
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None: ...
 
+    def quarantine(self, thread_id: str, inbox_id: int, reason: str) -> ThreadInfo:
+        """Set an open inbox row aside (``QUARANTINED`` with ``reason``) and clear the
+        thread's failures, so its other input goes on at once."""
+        ...
+
     def children(self, thread_id: str) -> list[ThreadInfo]:
         """Direct children, oldest first."""
         ...
@@ -261,9 +302,24 @@ class InboxStore(Protocol):
         """Create a thread; raises ``DuplicateMessage`` if the id exists."""
         ...
 
-    def enqueue(self, thread_id: str, message_id: str, message: Inbound, priority: int) -> InboxRow:
+    def enqueue(
+        self,
+        thread_id: str,
+        message_id: str,
+        message: Inbound,
+        priority: int,
+        *,
+        max_open: int | None = None,
+    ) -> InboxRow:
         """Queue a message; raises ``UnknownThread``, ``ThreadClosed``, ``UnknownCall``,
-        ``SubscriptionCancelled`` or ``DuplicateMessage`` (unique (thread_id, message_id))."""
+        ``SubscriptionCancelled`` or ``DuplicateMessage`` (unique (thread_id, message_id),
+        and a message id already in the history, whose inbox row retention may have
+        deleted); ``InboxFull`` if ``max_open`` rows are already pending or deferred."""
+        ...
+
+    def release_quarantined(self, thread_id: str, message_id: str | None = None) -> list[InboxRow]:
+        """Make the thread's quarantined rows (or the one with ``message_id``) pending
+        again, their reason marked ``RETRIED_MARK``; the rows released."""
         ...
 
     def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
@@ -294,6 +350,10 @@ class QueryStore(Protocol):
 
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]: ...
 
+    def quarantined(self, limit: int = 100) -> list[InboxRow]:
+        """Quarantined rows of every thread, oldest first."""
+        ...
+
 
 class SweepStore(Protocol):
     def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
@@ -321,6 +381,16 @@ class SweepStore(Protocol):
         ...
 
     def next_timer_due(self) -> datetime | None: ...
+
+    def prune_batch(
+        self, older_than: datetime, limit: int, *, dry_run: bool = False
+    ) -> PruneCounts:
+        """Delete, in short transactions of at most ``limit`` rows each: closed thread trees
+        (a root and every descendant, all closed and untouched since ``older_than``) with
+        everything they own, then finished inbox rows, ran outbox rows and fired timers
+        older than ``older_than``. ``dry_run`` deletes nothing and counts every candidate
+        (not one batch's worth)."""
+        ...
 
 
 class Store(SliceStore, InboxStore, QueryStore, SweepStore, Protocol):

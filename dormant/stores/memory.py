@@ -19,6 +19,7 @@ from pydantic import TypeAdapter
 
 from dormant.errors import (
     DuplicateMessage,
+    InboxFull,
     SubscriptionCancelled,
     ThreadClosed,
     UnknownCall,
@@ -42,6 +43,7 @@ from dormant.stores.base import (
     TimerRow,
 )
 from dormant.stores.lineage import next_seq, visible_history
+from dormant.stores.memory_retention import MemoryRetention, _waiting
 
 __all__ = ["MemoryStore"]
 
@@ -73,7 +75,7 @@ class _Thread:
         self.ids += message_id.encode() + b"\n"
 
 
-class MemoryStore:
+class MemoryStore(MemoryRetention):
     """``Store`` in memory; thread-safe behind one lock."""
 
     def __init__(self) -> None:
@@ -136,11 +138,23 @@ class MemoryStore:
 
     # inbox ----------------------------------------------------------------------------
 
-    def enqueue(self, thread_id: str, message_id: str, message: Inbound, priority: int) -> InboxRow:
+    def enqueue(
+        self,
+        thread_id: str,
+        message_id: str,
+        message: Inbound,
+        priority: int,
+        *,
+        max_open: int | None = None,
+    ) -> InboxRow:
         with self._lock:
             t = self._get(thread_id)
             if self._info(t).status is ThreadStatus.CLOSED:
                 raise ThreadClosed(thread_id)
+            if max_open is not None and not t.seen(message_id):
+                depth = sum(1 for r in self._open.get(thread_id, {}).values() if _waiting(r))
+                if depth >= max_open:
+                    raise InboxFull(thread_id, depth)
             call_id = getattr(message, "call_id", None)
             if call_id is not None:
                 call = _CALLS.validate_json(t.calls).get(call_id)
@@ -161,7 +175,7 @@ class MemoryStore:
         with self._lock:
             t = self._get(thread_id)
             info = self._info(t)
-            inbox = list(self._open.get(thread_id, {}).values())
+            inbox = [r for r in self._open.get(thread_id, {}).values() if _waiting(r)]
             items = visible_history(self, info)
             calls = _CALLS.validate_json(t.calls)
             return Snapshot(info, items, calls, inbox, next_seq(info, items))
@@ -385,6 +399,7 @@ class MemoryStore:
     ) -> None:
         row = open_rows.pop(row_id, None)
         if row is not None:
+            reason = reason or row.reason  # a retried row keeps its quarantine story
             t.done += _ROW.dump_json(replace(row, state=state, reason=reason)) + b"\n"
 
     def _add_timer(self, thread_id: str, timer: NewTimer) -> None:

@@ -46,6 +46,7 @@ from dormant.stores.base import (
 )
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.sql_engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
+from dormant.stores.sql_retention import SQLRetention, check_room
 from dormant.stores.sql_rows import (
     SCHEMA_OPTION,
     call_record,
@@ -108,7 +109,7 @@ def upgrade(database_url: str, *, table_prefix: str = "") -> None:
 # The store ---------------------------------------------------------------------------
 
 
-class SQLStore:
+class SQLStore(SQLRetention):
     """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
 
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
@@ -225,12 +226,21 @@ class SQLStore:
     # inbox ---------------------------------------------------------------------------
 
     @retry_busy
-    def enqueue(self, thread_id: str, message_id: str, message: Inbound, priority: int) -> InboxRow:
+    def enqueue(
+        self,
+        thread_id: str,
+        message_id: str,
+        message: Inbound,
+        priority: int,
+        *,
+        max_open: int | None = None,
+    ) -> InboxRow:
         inbox = self._schema.inbox
         values = inbox_values(thread_id, message_id, message, priority, _now())
         try:
             with self._tx(write=True) as conn:
                 rows.check_inbound(conn, thread_id, message)
+                check_room(conn, thread_id, message_id, max_open)
                 row = conn.execute(inbox.insert().values(values).returning(*inbox.c))
                 return inbox_row(row.mappings().one())
         except IntegrityError as exc:
