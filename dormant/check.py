@@ -25,6 +25,7 @@ from datetime import UTC, datetime, timedelta
 
 from dormant.messages import AssistantTurn, EventShown, ToolResult, UserMessage, UserText
 from dormant.stores.base import (
+    RETRIED_MARK,
     CallRecord,
     CallState,
     InboxRow,
@@ -107,7 +108,9 @@ def _thread_problems(
     arrived = [
         r.message_id
         for r in sorted(inbox, key=lambda r: r.id)
-        if r.state is InboxState.DONE and isinstance(r.message, UserMessage)
+        if r.state is InboxState.DONE
+        and isinstance(r.message, UserMessage)
+        and not r.reason.startswith(RETRIED_MARK)  # applied when an operator retried it
     ]
     applied = [s.message_id for s in own if isinstance(s.item, UserText)]
     if [m for m in applied if m in set(arrived)] != [m for m in arrived if m in set(applied)]:

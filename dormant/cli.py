@@ -15,6 +15,7 @@ import typer
 
 from dormant.cli_celery import beat, worker
 from dormant.cli_errors import DEBUG_FLAG, reported, say
+from dormant.cli_retention import prune, quarantine, retry
 from dormant.cli_serve import serve
 
 if TYPE_CHECKING:
@@ -151,23 +152,6 @@ def check(
         typer.echo(f"{len(problems)} problem(s) found" if problems else "no problems found")
     if problems:
         raise typer.Exit(1)
-
-
-@app.command()
-@reported
-def retry(thread_id: str, database_url: str | None = DatabaseOption) -> None:
-    """Re-drive a stalled thread: its queued messages are applied by the next sweep."""
-    from dormant.history import pending
-    from dormant.stores.base import ThreadStatus
-
-    with closing(_store(database_url)) as store:
-        snap = store.load(thread_id)
-        if snap.thread.status is not ThreadStatus.STALLED:
-            say(f"error: thread {thread_id!r} is {snap.thread.status.value}, not stalled")
-            raise typer.Exit(1)
-        status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
-        store.set_status(thread_id, status)
-    typer.echo(f"thread {thread_id} is {status.value} again; the sweeper re-drives it")
 
 
 @app.command()
@@ -330,6 +314,9 @@ def _redact(url: str) -> str:
     return f"{scheme}://{user}{':***' if colon else ''}@{tail}"
 
 
+app.command()(reported(retry))
+app.command()(reported(quarantine))
+app.command()(reported(prune))
 app.command()(reported(worker))
 app.command()(reported(beat))
 app.command()(reported(serve))

@@ -20,7 +20,7 @@ import signal
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
 import redis
@@ -30,6 +30,7 @@ from dormant.agents import AgentRegistry
 from dormant.client import Client
 from dormant.errors import CrashPoint, LeaseLost, NotFound, SliceFailed
 from dormant.labels import LabelledSQLStore, TaskLabels
+from dormant.prune import prune
 from dormant.settings import Settings
 from dormant.slice import (
     Busy,
@@ -57,6 +58,7 @@ from dormant.stores.redis import (
 from dormant.sweeper import sweep_once
 from dormant.tools.runner import execute_outbox
 from dormant.worker import (
+    PRUNE_TASK,
     SLICE_TASK,
     SWEEP_TASK,
     TOOL_TASK,
@@ -247,6 +249,23 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
             return "woke"
         log.debug("sweep found nothing to do")
         return "quiet"
+
+    @celery_app.task(name=PRUNE_TASK, **options)  # type: ignore[untyped-decorator]
+    def prune_task() -> str:
+        """Retention (opt-in, ``Settings.prune_older_than_s``): small batches, each its own
+        short transaction, so it runs beside live traffic."""
+        rt = runtime()
+        settings = rt.settings
+        if settings.prune_older_than_s <= 0:
+            return "off: prune_older_than_s is not set"
+        cutoff = datetime.now(UTC) - timedelta(seconds=settings.prune_older_than_s)
+        counts = prune(rt.store, cutoff, batch=settings.prune_batch_size)
+        summary = (
+            f"pruned {counts.threads} threads, {counts.inbox} inbox rows, "
+            f"{counts.outbox} outbox rows, {counts.timers} timers"
+        )
+        log.info("%s (older than %s)", summary, cutoff.isoformat(timespec="seconds"))
+        return summary
 
 
 class _QuietSweeps(logging.Filter):

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from dormant.labels import TaskLabels  # imports the SQL store: not for Flower or beat
 
 __all__ = [
+    "PRUNE_TASK",
     "QUEUES",
     "QUEUE_BACKGROUND",
     "QUEUE_INTERACTIVE",
@@ -66,6 +67,7 @@ QUEUES = (QUEUE_INTERACTIVE, QUEUE_BACKGROUND, QUEUE_TOOLS)
 SLICE_TASK = "dormant.slice"
 TOOL_TASK = "dormant.tool"
 SWEEP_TASK = "dormant.sweep"
+PRUNE_TASK = "dormant.prune"
 
 REDIS_PRIORITY_STEPS = (0, 3, 6, 9)
 """kombu's Redis priority lists; our levels 8, 4 and 0 land on three different steps."""
@@ -287,6 +289,12 @@ def _add_routing(celery_app: Celery, settings: Settings) -> None:
             },
         },
     }
+    if settings.prune_older_than_s > 0:  # retention is opt-in: deleting is the user's call
+        conf.beat_schedule[PRUNE_TASK] = {
+            "task": PRUNE_TASK,
+            "schedule": settings.prune_interval_s,
+            "options": {"queue": QUEUE_BACKGROUND, "expires": settings.prune_interval_s},
+        }
 
 
 def _consume_ours(celery_app: Celery) -> None:
@@ -298,7 +306,12 @@ def _consume_ours(celery_app: Celery) -> None:
             queues.select_add(queue)
 
 
-_ROUTES = {SLICE_TASK: QUEUE_BACKGROUND, TOOL_TASK: QUEUE_TOOLS, SWEEP_TASK: QUEUE_BACKGROUND}
+_ROUTES = {
+    SLICE_TASK: QUEUE_BACKGROUND,
+    TOOL_TASK: QUEUE_TOOLS,
+    SWEEP_TASK: QUEUE_BACKGROUND,
+    PRUNE_TASK: QUEUE_BACKGROUND,
+}
 
 
 def broker_priority(celery_app: Celery, priority: int) -> int:
