@@ -389,7 +389,7 @@ class SweepStore(Protocol):
         (a root and every descendant, all closed and untouched since ``older_than``) with
         everything they own, then finished inbox rows, ran outbox rows and fired timers
         older than ``older_than``. ``dry_run`` deletes nothing and counts every candidate
-        (not one batch's worth)."""
+        (not one batch's worth; its row counts include the rows of the trees it counts)."""
         ...
 
 
