@@ -109,7 +109,8 @@ def test_bad_cli_input_gets_a_clear_error(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path}/empty.db"
     assert runner.invoke(app, ["db", "upgrade", "--database-url", url]).exit_code == 0
     missing = runner.invoke(app, ["show", "thr_nope", "--database-url", url])
-    assert missing.exit_code == 1 and missing.stderr == "error: unknown thread 'thr_nope' (never created, or pruned)\n"
+    assert missing.exit_code == 1
+    assert missing.stderr == "error: unknown thread 'thr_nope' (never created, or pruned)\n"
     status = runner.invoke(app, ["threads", "--status", "sleepy", "--database-url", url])
     assert status.exit_code == 2 and "choose from idle" in status.output
 
