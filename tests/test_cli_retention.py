@@ -1,0 +1,76 @@
+"""``dormant quarantine``, ``dormant retry THREAD [MESSAGE]`` and ``dormant prune``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dormant.cli import app
+from dormant.stores.base import InboxState, ThreadStatus
+from dormant.stores.sql import SQLStore, upgrade
+from tests.test_store_contract import enqueue, new_thread
+from tests.test_store_retention import consume
+
+runner = CliRunner()
+
+
+@pytest.fixture
+def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    for name in [k for k in os.environ if k.startswith("DORMANT_")]:
+        monkeypatch.delenv(name)
+    database = f"sqlite:///{tmp_path}/dormant.db"
+    upgrade(database)
+    return database
+
+
+def test_quarantined_messages_are_listed_and_retry_requeues_one(url: str) -> None:
+    store = SQLStore(url)
+    t = new_thread(store).id
+    bad = enqueue(store, t, "poison", message_id="m-bad")
+    enqueue(store, t, "also bad", message_id="m-worse")
+    store.quarantine(t, bad.id, "quarantined after 3 failed slices: KeyError: 'x'")
+    listed = runner.invoke(app, ["quarantine", "--database-url", url])
+    assert listed.exit_code == 0, listed.output
+    assert "m-bad" in listed.output and "KeyError" in listed.output
+    assert "m-worse" not in listed.output
+
+    unknown = runner.invoke(app, ["retry", t, "m-worse", "--database-url", url])
+    assert unknown.exit_code == 1 and "no quarantined message 'm-worse'" in unknown.stderr
+    retried = runner.invoke(app, ["retry", t, "m-bad", "--database-url", url])
+    assert retried.exit_code == 0, retried.output
+    assert "message m-bad is queued again" in retried.output
+    assert [r.message_id for r in store.inbox(t, InboxState.PENDING)] == ["m-bad", "m-worse"]
+    nothing = runner.invoke(app, ["retry", t, "--database-url", url])
+    assert nothing.exit_code == 1 and "not stalled, and has no quarantined" in nothing.stderr
+    assert runner.invoke(app, ["quarantine", "--database-url", url]).output.strip() == (
+        "no quarantined messages"
+    )
+    store.close()
+
+
+def test_prune_counts_in_a_dry_run_then_deletes_in_batches(url: str) -> None:
+    store = SQLStore(url)
+    gone = new_thread(store).id
+    enqueue(store, gone, "bye")
+    consume(store, gone, ThreadStatus.CLOSED)
+    kept = new_thread(store).id
+    enqueue(store, kept, "hello")
+    args = ["prune", "--older-than", "0s", "--batch", "1", "--database-url", url]
+
+    dry = runner.invoke(app, [*args, "--dry-run"])
+    assert dry.exit_code == 0, dry.output
+    assert "would delete 1 threads, 1 inbox rows" in dry.stdout
+    store.thread(gone)
+    done = runner.invoke(app, args)
+    assert done.exit_code == 0, done.output
+    assert "deleted 1 threads, 0 inbox rows" in done.stdout
+    assert "batch: 1 threads" in done.stderr
+    shown = runner.invoke(app, ["show", gone, "--database-url", url])
+    assert shown.exit_code == 1 and "never created, or pruned" in shown.stderr
+    assert store.thread(kept).status is ThreadStatus.IDLE
+    bad_age = runner.invoke(app, ["prune", "--older-than", "a month", "--database-url", url])
+    assert bad_age.exit_code != 0 and "not an age" in bad_age.stderr
+    store.close()
