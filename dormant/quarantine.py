@@ -48,7 +48,9 @@ def quarantinable(row: InboxRow, calls: dict[str, CallRecord]) -> bool:
 def poison(settings: Settings, snap: Snapshot, error: Exception) -> InboxRow | None:
     """The row to quarantine after this failed slice of ``snap`` (isolated), if any."""
     after = settings.quarantine_after_failures
-    if after <= 0 or len(snap.inbox) != 1 or isinstance(error, ModelRetryable):
+    if not 0 < after < settings.stall_after_failures:
+        return None  # off, or stalling comes first: the operator decides
+    if len(snap.inbox) != 1 or isinstance(error, ModelRetryable):
         return None
     if snap.thread.failures + 1 < after:
         return None

@@ -80,7 +80,8 @@ class Settings:
     its commit, and recorded as a failure (``SliceDeadlineExceeded``; 0 turns it off)."""
     quarantine_after_failures: int = 3
     """A thread whose slices failed this many times in a row, the last ones with one inbox
-    row alone as input, sets that row aside (quarantine) and goes on (0 turns it off)."""
+    row alone as input, sets that row aside (quarantine) and goes on. Only below
+    ``stall_after_failures`` (otherwise the thread stalls first); 0 turns it off."""
     prune_older_than_s: float = 0.0
     """Retention for the beat task ``dormant.prune``: closed threads and finished rows older
     than this are deleted. 0 (the default) means the beat task never prunes."""

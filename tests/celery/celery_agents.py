@@ -131,6 +131,14 @@ class _Buggy:
         return {}["choices"]  # type: ignore[no-any-return]
 
 
+def _picky(history: Sequence[Item]) -> Completion:
+    """Fails (a bug meeting odd input) on any history with "poison" in its user text."""
+    texts = [i.text for i in history if isinstance(i, UserText)]
+    if any("poison" in text for text in texts):
+        raise KeyError("choices")
+    return reply(f"read: {texts[-1]}")
+
+
 @tool
 def add(a: int, b: int) -> int:
     """Add two numbers."""
@@ -163,7 +171,9 @@ flaky = Agent("flaky", model=_Flaky(failures=1))
 broken = Agent("broken", model=_Flaky(failures=-1))
 buggy = Agent("buggy", model=_Buggy())
 
-AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy]
+picky = Agent("picky", model=ScriptedModel(_picky))
+
+AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy, picky]
 
 
 @worker_ready.connect
