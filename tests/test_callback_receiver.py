@@ -152,3 +152,19 @@ def test_a_thread_id_holding_a_percent_sign_reaches_its_thread(
     assert [r.content for r in system.history(thread_id) if isinstance(r, ToolResult)][-1] == (
         "built"
     )
+
+
+def test_a_result_for_a_pruned_thread_is_refused_with_404_and_the_reason(
+    served: tuple[LocalSystem, str, str],
+) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from dormant.prune import prune
+    from dormant.stores.base import ThreadStatus
+
+    system, thread_id, base = served
+    system.store.set_status(thread_id, ThreadStatus.CLOSED)
+    assert prune(system.store, datetime.now(UTC) + timedelta(seconds=1)).threads == 1
+    answer = httpx.post(local(urls["build"], base), json={"result": "green"})
+    assert answer.status_code == 404
+    assert "never created, or pruned" in answer.json()["error"]

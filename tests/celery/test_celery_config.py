@@ -4,16 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import celery_agents
 import pytest
 from celery import Celery
+from conftest import wait_until
 
 import dormant.worker as worker
 from dormant.errors import ConfigurationError
 from dormant.settings import Settings
-from dormant.stores.base import OutboxRow, Priority
+from dormant.stores.base import OutboxRow, Priority, ThreadStatus
+from dormant.stores.sql import SQLStore, upgrade
 from dormant.worker import (
     QUEUES,
     CeleryDispatcher,
@@ -23,6 +26,8 @@ from dormant.worker import (
     create_app,
     install,
 )
+from tests.test_store_contract import enqueue, new_thread
+from tests.test_store_retention import consume
 
 DORMANT_TASKS = {"dormant.slice", "dormant.tool", "dormant.sweep"}
 
@@ -116,6 +121,47 @@ def test_install_adds_dormant_to_an_existing_app_without_changing_its_defaults(
     assert router.route({}, "proj.other")["queue"].name == "proj"
     assert set(app.conf.beat_schedule) == {"proj.tick", "dormant.sweep"}
     assert app.conf.beat_schedule["dormant.sweep"]["schedule"] == 3.0
+
+
+def test_retention_is_on_beat_only_when_a_retention_period_is_set() -> None:
+    quiet = _user_app()
+    install(quiet, celery_agents.AGENTS, settings=Settings())
+    assert "dormant.prune" not in quiet.conf.beat_schedule
+    pruning = _user_app()
+    settings = Settings(prune_older_than_s=30 * 86400.0, prune_interval_s=600.0)
+    install(pruning, celery_agents.AGENTS, settings=settings)
+    entry = pruning.conf.beat_schedule["dormant.prune"]
+    assert entry["task"] == "dormant.prune" and entry["schedule"] == 600.0
+    assert "dormant.prune" in pruning.tasks
+    assert pruning.amqp.router.route({}, "dormant.prune")["queue"].name == "dormant.background"
+
+
+def test_the_prune_task_deletes_closed_threads_older_than_the_retention_period(
+    tmp_path: Path,
+) -> None:
+    url = f"sqlite:///{tmp_path}/dormant.db"
+    upgrade(url)
+    store = SQLStore(url)
+    thread_id = new_thread(store).id
+    enqueue(store, thread_id, "bye")
+    consume(store, thread_id, ThreadStatus.CLOSED)
+    app = _user_app()
+    settings = Settings(
+        database_url=url, prune_older_than_s=0.001, key_prefix="qr", secret_keys=("k",)
+    )
+    install(app, celery_agents.AGENTS, settings=settings)
+    summary = wait_until(
+        lambda: (
+            (done := app.tasks["dormant.prune"]())
+            != "pruned 0 threads, 0 inbox rows, 0 outbox rows, 0 timers"
+            and done
+        ),
+        30,
+        "the thread to age past the retention period",
+    )
+    assert summary == "pruned 1 threads, 0 inbox rows, 0 outbox rows, 0 timers"
+    assert store.threads() == []
+    store.close()
 
 
 def test_priorities_are_inverted_for_redis_which_serves_the_lowest_first() -> None:
