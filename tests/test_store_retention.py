@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,37 @@ def test_ages_parse_with_their_units() -> None:
     assert parse_age("2w") == timedelta(days=14)
     with pytest.raises(Exception, match="not an age"):
         parse_age("30 days")
+
+
+def _upgrade_from_0001(url: str) -> None:
+    """Build the database as release 0001 left it, with a thread in it, then upgrade."""
+    from alembic import command
+    from sqlalchemy.engine import make_url
+
+    from dormant.stores.sql import SQLStore, _alembic_config, upgrade
+
+    command.upgrade(_alembic_config(make_url(url), ""), "0001")
+    old = SQLStore(url)
+    thread_id = new_thread(old).id
+    enqueue(old, thread_id, "from before the upgrade")
+    old.close()
+    upgrade(url)
+    store = SQLStore(url)
+    try:
+        (row,) = store.inbox(thread_id)
+        store.quarantine(thread_id, row.id, "bad")
+        assert [r.id for r in store.quarantined()] == [row.id]
+    finally:
+        store.close()
+
+
+def test_an_existing_sqlite_database_upgrades_to_the_retention_indexes(tmp_path: Path) -> None:
+    _upgrade_from_0001(f"sqlite:///{tmp_path}/old.db")
+
+
+def test_an_existing_postgres_database_upgrades_to_the_retention_indexes() -> None:
+    from tests.conftest import _unavailable
+    from tests.databases import empty_database
+
+    with empty_database("dormant_upgrade", _unavailable) as url:
+        _upgrade_from_0001(url)

@@ -224,7 +224,13 @@ def schema(prefix: str = "") -> Schema:
     return Schema(
         prefix=prefix,
         metadata=md,
-        threads=table(ThreadColumns, "threads", Index(None, "created_at", "id")),
+        threads=table(
+            ThreadColumns,
+            "threads",
+            Index(None, "created_at", "id"),
+            Index(None, "root_id"),
+            partial("threads_closed", "updated_at", where="status = 'closed'"),
+        ),
         items=table(
             ItemColumns,
             "items",
@@ -241,6 +247,7 @@ def schema(prefix: str = "") -> Schema:
             UniqueConstraint("thread_id", "message_id"),
             thread_fk(),
             partial("inbox_pending", "thread_id", "id", where="state = 'pending'"),
+            partial("inbox_quarantined", "id", where="state = 'quarantined'"),
             autoincrement,
         ),
         outbox=table(
