@@ -71,6 +71,7 @@ __all__ = ["LazyRuntime", "Runtime", "outcome_text", "register_tasks"]
 
 log = logging.getLogger("dormant.tasks")
 _STALLED = "thread %s is stalled: %s (dormant retry re-drives it)"
+_QUARANTINED = "thread %s goes on without a poison message: %s (dormant retry requeues it)"
 
 
 @dataclass(frozen=True)
@@ -202,6 +203,9 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
             case Failed(error=error, stalled=True):
                 log.warning(_STALLED, thread_id, error)
                 raise SliceFailed(thread_id, error, stalled=True)
+            case Failed(error=error, quarantined=str()):
+                log.warning(_QUARANTINED, thread_id, error)
+                raise SliceFailed(thread_id, error, stalled=False)  # a FAILURE in Flower
             case Failed(error=error, retry_at=retry_at) if retry_at is not None:
                 countdown_s = (retry_at - datetime.now(UTC)).total_seconds()
                 if countdown_s <= RETRY_COUNTDOWN_MAX_S:  # never a long ETA: see its docstring

@@ -35,3 +35,15 @@ def test_a_poison_message_is_quarantined_while_the_next_message_is_processed(
     users = [i.text for i in client.history(thread_id) if isinstance(i, UserText)]
     assert users == ["a fine question"]
     assert client.thread(thread_id).status is ThreadStatus.IDLE
+    # The quarantining slice task ended as a FAILURE naming the message (Flower's
+    # exception column) and said so in the worker's log.
+    wait_until(
+        lambda: "goes on without a poison message" in worker.log_path.read_text(errors="replace"),
+        30,
+        "the worker to report the quarantine",
+        poll_s=0.2,
+    )
+    assert (
+        f"message 'launch:{thread_id}' quarantined after 3 failed slices"
+        in worker.log_path.read_text(errors="replace")
+    )
