@@ -28,11 +28,16 @@ class ThreadFailure:
     """The last failure, as recorded on the thread (``ThreadInfo.last_error``)."""
     retry_at: datetime | None
     """When the thread is tried again on its own; None once stalled (needs ``retry``)."""
+    message_id: str | None = None
+    """A message set aside as poison (quarantined); the thread went on without it."""
 
     def describe(self) -> str:
         last_line = next(
             (line for line in reversed(self.error.splitlines()) if line.strip()), "no error text"
         )
+        if self.message_id is not None:
+            state = f"message {self.message_id!r} quarantined; `retry` requeues it"
+            return f"thread {self.thread_id!r} ({state}): {last_line}"
         if self.status is ThreadStatus.STALLED:
             state = f"stalled after {self.failures} failed slice(s); `retry` re-drives it"
         else:
@@ -61,8 +66,9 @@ class IdleReport:
 
 
 def failed_threads(store: Store, since: datetime, limit: int = 100) -> IdleReport:
-    """Threads that failed at or after ``since``: stalled, or holding queued messages
-    after a failed slice (the rows a failure leaves pending)."""
+    """Threads that failed at or after ``since``: stalled, holding queued messages after a
+    failed slice (the rows a failure leaves pending), or with a message quarantined (of a
+    thread changed since: rows carry no time of their own)."""
     found: dict[str, ThreadInfo] = {}
     for info in store.threads(ThreadStatus.STALLED, limit):
         found[info.id] = info
@@ -74,4 +80,10 @@ def failed_threads(store: Store, since: datetime, limit: int = 100) -> IdleRepor
         for info in found.values()
         if info.failures > 0 and info.updated_at >= since
     ]
+    for row in store.quarantined(limit):
+        info = store.thread(row.thread_id)
+        if info.updated_at >= since:
+            failures.append(
+                ThreadFailure(info.id, info.status, 0, row.reason, None, row.message_id)
+            )
     return IdleReport(tuple(sorted(failures, key=lambda f: f.thread_id)))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
@@ -171,3 +172,21 @@ def test_a_full_inbox_refuses_user_text_but_never_a_tool_result() -> None:
         h.send(t, "three")
     h.deliver(t, outcome.call_ids[0], "green")  # a call always gets its result
     assert len(h.store.inbox(t, InboxState.PENDING)) == 3
+
+
+def test_run_until_idle_reports_a_quarantined_message() -> None:
+    from dormant import LocalSystem
+    from dormant.errors import ThreadsFailed
+
+    config = settings(failure_backoff_s=0.01, sweep_interval_s=0.05)
+    agent = Agent("a", model=ScriptedModel(Poisonable()))
+    with LocalSystem([agent], "memory://", settings=config) as system:
+        t = system.launch("a", "poison pill")
+        system.send(t, "a fine question")
+        deadline = time.monotonic() + 60
+        while not system.store.quarantined():  # each run ends when the thread backs off
+            assert time.monotonic() < deadline, f"nothing quarantined: {system.thread(t)}"
+            system.run_until_idle(timeout_s=60, raise_on_failure=False)
+        with pytest.raises(ThreadsFailed, match=f"message 'launch:{t}' quarantined"):
+            system.run_until_idle(timeout_s=60)
+        assert [i.text for i in system.history(t) if isinstance(i, UserText)] == ["a fine question"]
