@@ -13,14 +13,15 @@ call that is no longer pending (a late result, shown as an event). A result for 
 call is never set aside: the call would stay without its result and the model could not
 go on, so such a thread stalls as before, with its error, until an operator's ``retry``.
 A provider's transient failure (``ModelRetryable``: rate limits, 5xx, dropped streams)
-blames no message either: it is counted towards stalling, never towards quarantine.
+and a history past ``max_history_bytes`` (the thread's, not one message's) blame no
+message either: they count towards stalling, never towards quarantine.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from dormant.errors import ModelRetryable
+from dormant.errors import HistoryTooLarge, ModelRetryable
 from dormant.messages import ItemAdapter, ToolResultMessage
 from dormant.settings import Settings
 from dormant.stores.base import CallRecord, CallState, InboxRow, InboxState, Snapshot, StoredItem
@@ -50,7 +51,7 @@ def poison(settings: Settings, snap: Snapshot, error: Exception) -> InboxRow | N
     after = settings.quarantine_after_failures
     if not 0 < after < settings.stall_after_failures:
         return None  # off, or stalling comes first: the operator decides
-    if len(snap.inbox) != 1 or isinstance(error, ModelRetryable):
+    if len(snap.inbox) != 1 or isinstance(error, ModelRetryable | HistoryTooLarge):
         return None
     if snap.thread.failures + 1 < after:
         return None

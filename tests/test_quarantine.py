@@ -153,6 +153,9 @@ def test_a_history_past_its_limit_fails_the_slice_with_the_size() -> None:
     outcome = h.step(t)
     assert isinstance(outcome, Failed) and "HistoryTooLarge" in outcome.error
     assert "limit is 1500" in outcome.error
+    later = [h.step(t) for _ in range(4)]  # the thread's size, not a message: no quarantine
+    assert all(isinstance(o, Failed) and o.quarantined is None for o in later)
+    assert h.thread(t).status is ThreadStatus.STALLED
 
 
 def test_a_full_inbox_refuses_user_text_but_never_a_tool_result() -> None:
