@@ -93,7 +93,7 @@ def threads(
     database_url: str | None = DatabaseOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Threads as a tree: status, pending calls, subscriptions, inbox depth."""
+    """Threads as a tree: status, pending calls, subscriptions, inbox depth, quarantine."""
     from dormant.inspect import thread_records, thread_tree
     from dormant.stores.base import ThreadStatus
 

@@ -30,6 +30,8 @@ class _State:
     subscribed: list[str]
     inbox_pending: int
     inbox_deferred: int
+    quarantined: list[str]
+    """Ids of the thread's quarantined (poison) messages."""
 
 
 def _state(store: Store, info: ThreadInfo) -> _State:
@@ -43,6 +45,7 @@ def _state(store: Store, info: ThreadInfo) -> _State:
         ],
         inbox_pending=depth,
         inbox_deferred=len(snap.inbox) - depth,
+        quarantined=[r.message_id for r in store.inbox(info.id, InboxState.QUARANTINED)],
     )
 
 
@@ -64,6 +67,8 @@ def _label(store: Store, info: ThreadInfo) -> Text:
         label.append(f"  subscribed to {', '.join(live)}", style="blue")
     if depth or deferred:
         label.append(f"  inbox {depth} pending, {deferred} deferred", style="magenta")
+    if state.quarantined:
+        label.append(f"  quarantined: {', '.join(state.quarantined)}", style="bold red")
     if info.last_error:
         label.append(f"\n{info.last_error}", style="red")
     return label
@@ -115,6 +120,7 @@ def thread_record(store: Store, info: ThreadInfo) -> dict[str, Any]:
         "subscribed_to": state.subscribed,
         "inbox_pending": state.inbox_pending,
         "inbox_deferred": state.inbox_deferred,
+        "quarantined": state.quarantined,
         "failures": info.failures,
         "last_error": info.last_error,
         "version": info.version,

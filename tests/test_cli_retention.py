@@ -32,6 +32,8 @@ def test_quarantined_messages_are_listed_and_retry_requeues_one(url: str) -> Non
     bad = enqueue(store, t, "poison", message_id="m-bad")
     enqueue(store, t, "also bad", message_id="m-worse")
     store.quarantine(t, bad.id, "quarantined after 3 failed slices: KeyError: 'x'")
+    tree = runner.invoke(app, ["threads", "--database-url", url])
+    assert tree.exit_code == 0 and "quarantined: m-bad" in tree.output
     listed = runner.invoke(app, ["quarantine", "--database-url", url])
     assert listed.exit_code == 0, listed.output
     assert "m-bad" in listed.output and "KeyError" in listed.output
