@@ -300,7 +300,12 @@ class ModelRetryable(ModelError):
 
 
 class ModelFatal(ModelError):
-    pass
+    """Retrying cannot help; ``status`` is the provider's HTTP status when it sent one
+    (400 blames the request, 401 the deployment's key: quarantine tells them apart)."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class ControlSignal(DormantError):

@@ -12,16 +12,18 @@ message, events and child reports (each is an independent addition), and a resul
 call that is no longer pending (a late result, shown as an event). A result for a pending
 call is never set aside: the call would stay without its result and the model could not
 go on, so such a thread stalls as before, with its error, until an operator's ``retry``.
-A provider's transient failure (``ModelRetryable``: rate limits, 5xx, dropped streams)
-and a history past ``max_history_bytes`` (the thread's, not one message's) blame no
-message either: they count towards stalling, never towards quarantine.
+A provider's transient failure (``ModelRetryable``: rate limits, 5xx, dropped streams),
+a provider refusing the deployment rather than the request (``ModelFatal`` other than
+400, 413 or 422: a bad key, an unknown model) and a history past ``max_history_bytes``
+(the thread's, not one message's) blame no message either: they count towards stalling,
+never towards quarantine.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from dormant.errors import HistoryTooLarge, ModelRetryable
+from dormant.errors import HistoryTooLarge, ModelFatal, ModelRetryable
 from dormant.messages import ItemAdapter, ToolResultMessage
 from dormant.settings import Settings
 from dormant.stores.base import CallRecord, CallState, InboxRow, InboxState, Snapshot, StoredItem
@@ -51,12 +53,26 @@ def poison(settings: Settings, snap: Snapshot, error: Exception) -> InboxRow | N
     after = settings.quarantine_after_failures
     if not 0 < after < settings.stall_after_failures:
         return None  # off, or stalling comes first: the operator decides
-    if len(snap.inbox) != 1 or isinstance(error, ModelRetryable | HistoryTooLarge):
+    if len(snap.inbox) != 1 or not _blames_input(error):
         return None
     if snap.thread.failures + 1 < after:
         return None
     row = snap.inbox[0]
     return row if quarantinable(row, snap.calls) else None
+
+
+REQUEST_STATUSES = frozenset({400, 413, 422})
+"""Provider statuses that say the request itself (so, possibly, one message) was refused."""
+
+
+def _blames_input(error: Exception) -> bool:
+    """Whether the failure may be the input's fault: not a provider outage, not the
+    thread's size, not a provider refusing the deployment (a bad key, an unknown model)."""
+    if isinstance(error, ModelRetryable | HistoryTooLarge):
+        return False
+    if isinstance(error, ModelFatal):
+        return error.status in REQUEST_STATUSES
+    return True
 
 
 def history_bytes(items: list[StoredItem]) -> int:

@@ -11,7 +11,7 @@ import pytest
 
 from dormant import Agent, ToolContext, tool
 from dormant.check import check_store
-from dormant.errors import InboxFull, ModelRetryable, UnknownMessage
+from dormant.errors import InboxFull, ModelFatal, ModelRetryable, UnknownMessage
 from dormant.messages import AssistantTurn, Item, Rejected, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
@@ -96,6 +96,21 @@ def test_a_provider_outage_quarantines_nothing_and_stalls_the_thread() -> None:
     assert all(isinstance(o, Failed) and o.quarantined is None for o in outcomes)
     assert h.thread(t).status is ThreadStatus.STALLED
     assert h.store.quarantined() == []
+
+
+@pytest.mark.parametrize(("status", "quarantined"), [(400, True), (401, False), (None, False)])
+def test_only_a_provider_refusing_the_request_blames_the_message(
+    status: int | None, quarantined: bool
+) -> None:
+    def refuse(history: Sequence[Item]) -> Completion:
+        raise ModelFatal(f"provider returned HTTP {status}", status=status)
+
+    h = Harness(Agent("a", model=ScriptedModel(refuse)), settings=settings())
+    t = h.launch("a", "hello")
+    outcomes = [h.step(t) for _ in range(3)]
+    assert isinstance(outcomes[-1], Failed)
+    assert (outcomes[-1].quarantined is not None) is quarantined
+    assert bool(h.store.quarantined()) is quarantined
 
 
 @tool(deferred=True)

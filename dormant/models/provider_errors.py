@@ -49,7 +49,7 @@ def status_error(
     text = f"{provider} returned HTTP {status}: {message}"
     if status >= 500 or status in RETRYABLE_STATUSES:
         return ModelRetryable(text, retry_after_s=retry_after_s(headers))
-    return ModelFatal(text)
+    return ModelFatal(text, status=status)
 
 
 def truncated(provider: str, detail: str) -> ModelRetryable:
