@@ -100,7 +100,10 @@ class LocalSystem(BaseClient):
             settings = settings.with_ephemeral_secret()
         self._opened_at = datetime.now(UTC)
         registry = agents if isinstance(agents, AgentRegistry) else AgentRegistry(agents)
-        super().__init__(store, MemoryDedup(), settings, registry)
+        # The memory store's own dedup set is exact and costs nothing more; a separate
+        # fast path beside it would only duplicate it (~220 bytes an id).
+        dedup = store if isinstance(store, MemoryStore) else MemoryDedup()
+        super().__init__(store, dedup, settings, registry)
         self.lease: MemoryLease = MemoryLease()
         self._log = _EventLog()
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dormant")

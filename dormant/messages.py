@@ -41,8 +41,12 @@ EVENT_TOOL_NAME = "receive_event__injected"
 """The reserved name of synthetic calls: never offered to the model, refused when it calls it."""
 
 
+_DEFERRED = ConfigDict(defer_build=True)
+"""Validators and serializers are built on first use, not at import (most of its cost)."""
+
+
 class _Frozen(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", defer_build=True)
 
 
 class ToolCall(_Frozen):
@@ -126,7 +130,7 @@ class Summary(_Frozen):
 Item = Annotated[
     UserText | AssistantTurn | ToolResult | EventShown | Summary, Field(discriminator="kind")
 ]
-ItemAdapter: TypeAdapter[Item] = TypeAdapter(Item)
+ItemAdapter: TypeAdapter[Item] = TypeAdapter(Item, config=_DEFERRED)
 
 
 # Inbound messages -----------------------------------------------------------------------
@@ -179,7 +183,7 @@ Inbound = Annotated[
     UserMessage | ToolResultMessage | EventMessage | ChildReport | ParentMessage,
     Field(discriminator="kind"),
 ]
-InboundAdapter: TypeAdapter[Inbound] = TypeAdapter(Inbound)
+InboundAdapter: TypeAdapter[Inbound] = TypeAdapter(Inbound, config=_DEFERRED)
 
 
 # Live events (for observers: CLI, Flower-side dashboards, tests) -----------------------
@@ -226,4 +230,4 @@ class StatusChanged(_Frozen):
 Event = Annotated[
     Chunk | ItemAdded | ToolDispatched | Rejected | StatusChanged, Field(discriminator="kind")
 ]
-EventAdapter: TypeAdapter[Event] = TypeAdapter(Event)
+EventAdapter: TypeAdapter[Event] = TypeAdapter(Event, config=_DEFERRED)

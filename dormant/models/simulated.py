@@ -15,14 +15,16 @@ so it is the same whatever order threads run in, in any process.
 from __future__ import annotations
 
 import functools
+import hashlib
 import itertools
 import random
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from dormant.messages import ToolCall, Usage, UserText
+from dormant.messages import EventShown, Item, ToolCall, ToolResult, Usage, UserText
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 
 __all__ = ["SimulatedModel", "simulated_text"]
@@ -56,15 +58,24 @@ def _sentences(seed: int) -> tuple[str, ...]:
 
 
 def simulated_text(chars: int, seed: int, key: str) -> str:
-    """``chars`` characters of prose, the same for the same ``(seed, key)``."""
+    """``chars`` characters of prose, the same for the same ``(seed, key)``.
+
+    The sentences are picked by a hash of the key (two bytes a pick), which costs a
+    fraction of seeding and drawing from a ``random.Random`` per completion.
+    """
     pool = _sentences(seed)
-    rng = random.Random(f"{seed}:{key}")
     parts: list[str] = []
     size = 0
+    block = 0
     while size < chars:
-        sentence = pool[rng.randrange(len(pool))]
-        parts.append(sentence)
-        size += len(sentence) + 1
+        digest = hashlib.blake2b(f"{seed}:{key}:{block}".encode()).digest()
+        for at in range(0, len(digest), 2):
+            sentence = pool[int.from_bytes(digest[at : at + 2], "big") % _POOL]
+            parts.append(sentence)
+            size += len(sentence) + 1
+            if size >= chars:
+                break
+        block += 1
     return " ".join(parts)[:chars]
 
 
@@ -91,7 +102,7 @@ class SimulatedModel:
 
     def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
         n = next(self._counter)
-        users = sum(isinstance(item, UserText) for item in request.items)
+        users, prompt_chars = _measure(request.items)
         last = request.items[-1] if request.items else None
         calls: tuple[ToolCall, ...] = ()
         if self.call_every and isinstance(last, UserText) and users % self.call_every == 0:
@@ -102,11 +113,20 @@ class SimulatedModel:
             if self.chunk_delay_s:
                 time.sleep(self.chunk_delay_s)
             on_chunk(text[start : start + self.chunk_chars])
-        prompt_chars = sum(
-            len(getattr(item, "text", "") or getattr(item, "content", "")) for item in request.items
-        )
         return Completion(
             text=text,
             calls=calls,
             usage=Usage(input_tokens=prompt_chars // 4, output_tokens=len(text) // 4),
         )
+
+
+def _measure(items: Sequence[Item]) -> tuple[int, int]:
+    """How many items are user text, and the characters of text in all of them."""
+    users = chars = 0
+    for item in items:
+        if isinstance(item, ToolResult | EventShown):
+            chars += len(item.content)
+        else:
+            chars += len(item.text)
+            users += isinstance(item, UserText)
+    return users, chars

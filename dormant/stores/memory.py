@@ -1,8 +1,18 @@
 """The in-memory store: the whole ``Store`` contract in one process, no server.
 
-Each thread is kept as serialized bytes (its info, an append-only JSON-lines buffer of
-items, its calls and the ids it has seen), not as object graphs, so a hundred thousand
-idle agents cost little more than their stored text. Pending inbox rows, outbox rows and
+An idle thread is kept compact, as bytes, not object graphs, so a hundred thousand idle
+agents cost little more than their compressed text: its info as JSON, its items as
+compressed JSON lines (``memory_blob.ItemLog``), its calls and its last finished inbox
+rows zlib-compressed, and the ids it has seen as 8-byte digests. Finished inbox rows are
+kept only for the last ``memory_thread.DONE_ROWS_KEPT`` per thread; the dedup set keeps
+every id.
+
+A thread in use is "hot": decoded once into objects that slices read and commits
+update, and written back to bytes when it cools. A thread cools when a commit leaves it
+idle or closed (its turn is over; it waits for a person, so keeping it decoded would
+cost memory for nothing) or when it is the least recently used of more than
+``max_hot_threads`` hot threads. A thread waiting on a tool stays hot: its result usually
+comes soon, and its next slice then decodes nothing. Pending inbox rows, outbox rows and
 timers are few and short-lived, so they stay as objects.
 """
 
@@ -11,11 +21,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import threading
-from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from collections import OrderedDict
+from dataclasses import replace
+from datetime import datetime
 from typing import Any
-
-from pydantic import TypeAdapter
 
 from dormant.errors import (
     DuplicateMessage,
@@ -26,6 +35,7 @@ from dormant.errors import (
     UnknownThread,
 )
 from dormant.messages import Inbound
+from dormant.stores import memory_thread as stored
 from dormant.stores.base import (
     CallRecord,
     CallState,
@@ -43,44 +53,21 @@ from dormant.stores.base import (
     TimerRow,
 )
 from dormant.stores.lineage import next_seq, visible_history
+from dormant.stores.memory_blob import unpack_lines
 from dormant.stores.memory_retention import MemoryRetention, _waiting
 
 __all__ = ["MemoryStore"]
-
-_INFO = TypeAdapter(ThreadInfo)
-_ITEM = TypeAdapter(StoredItem)
-_ITEMS = TypeAdapter(list[StoredItem])
-_CALLS = TypeAdapter(dict[str, CallRecord])
-_ROW = TypeAdapter(InboxRow)
-
-
-def _now() -> datetime:
-    return datetime.now(UTC)
-
-
-@dataclass(slots=True)
-class _Thread:
-    info: bytes
-    items: bytearray = field(default_factory=bytearray)
-    calls: bytes = b"{}"
-    ids: bytearray = field(default_factory=lambda: bytearray(b"\n"))
-    """Every inbox message id, newline-framed: the durable dedup set."""
-    done: bytearray = field(default_factory=bytearray)
-    """Finished inbox rows as JSON lines (for ``inbox()`` queries)."""
-
-    def seen(self, message_id: str) -> bool:
-        return b"\n" + message_id.encode() + b"\n" in self.ids
-
-    def remember(self, message_id: str) -> None:
-        self.ids += message_id.encode() + b"\n"
 
 
 class MemoryStore(MemoryRetention):
     """``Store`` in memory; thread-safe behind one lock."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_hot_threads: int = 256) -> None:
         self._lock = threading.RLock()
-        self._threads: dict[str, _Thread] = {}
+        self._threads: dict[str, stored.StoredThread] = {}
+        self._hot: OrderedDict[str, stored.StoredThread] = OrderedDict()
+        """Decoded threads, least recently used first."""
+        self._max_hot = max_hot_threads
         self._open: dict[str, dict[int, InboxRow]] = {}
         """Pending and deferred inbox rows by thread, in id order (ids only grow)."""
         self._outbox: dict[int, OutboxRow] = {}
@@ -96,7 +83,7 @@ class MemoryStore(MemoryRetention):
         with self._lock:
             if thread.id in self._threads:
                 raise DuplicateMessage(thread.id, thread.id)
-            now = _now()
+            now = stored.now()
             info = ThreadInfo(
                 id=thread.id,
                 agent=thread.agent,
@@ -110,11 +97,10 @@ class MemoryStore(MemoryRetention):
                 root_id=thread.root_id or thread.id,
                 metadata=dict(thread.metadata),
             )
-            t = _Thread(info=_INFO.dump_json(info))
-            for stored in thread.items:
-                t.items += _ITEM.dump_json(stored) + b"\n"
+            t = stored.StoredThread(info=stored.codecs().info.dump_json(info))
+            t.log.append(b"".join(stored.codecs().item.dump_json(s) + b"\n" for s in thread.items))
             if thread.calls:
-                t.calls = _CALLS.dump_json({c.call_id: c for c in thread.calls})
+                t.calls = stored.pack_calls({c.call_id: c for c in thread.calls})
             self._threads[thread.id] = t
             if thread.parent_id is not None:
                 self._children.setdefault(thread.parent_id, []).append(thread.id)
@@ -122,11 +108,11 @@ class MemoryStore(MemoryRetention):
 
     def thread(self, thread_id: str) -> ThreadInfo:
         with self._lock:
-            return self._info(self._get(thread_id))
+            return stored.info_of(self._get(thread_id))
 
     def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
         with self._lock:
-            infos = [self._info(t) for t in self._threads.values()]
+            infos = [stored.info_of(t) for t in self._threads.values()]
         infos = [i for i in infos if status is None or i.status is status]
         infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
         return infos[:limit]
@@ -134,7 +120,7 @@ class MemoryStore(MemoryRetention):
     def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
         with self._lock:
             t = self._get(thread_id)
-            return self._update(t, status=status, failures=0, last_error="", retry_at=None)
+            return stored.update(t, status=status, failures=0, last_error="", retry_at=None)
 
     # inbox ----------------------------------------------------------------------------
 
@@ -149,7 +135,7 @@ class MemoryStore(MemoryRetention):
     ) -> InboxRow:
         with self._lock:
             t = self._get(thread_id)
-            if self._info(t).status is ThreadStatus.CLOSED:
+            if stored.info_of(t).status is ThreadStatus.CLOSED:
                 raise ThreadClosed(thread_id)
             if max_open is not None and not t.seen(message_id):
                 depth = sum(1 for r in self._open.get(thread_id, {}).values() if _waiting(r))
@@ -157,7 +143,7 @@ class MemoryStore(MemoryRetention):
                     raise InboxFull(thread_id, depth)
             call_id = getattr(message, "call_id", None)
             if call_id is not None:
-                call = _CALLS.validate_json(t.calls).get(call_id)
+                call = stored.calls_of(t).get(call_id)
                 if call is None:
                     raise UnknownCall(thread_id, call_id)
                 if call.state is CallState.CANCELLED:
@@ -173,52 +159,48 @@ class MemoryStore(MemoryRetention):
 
     def load(self, thread_id: str) -> Snapshot:
         with self._lock:
-            t = self._get(thread_id)
-            info = self._info(t)
+            hot = self._heat(thread_id, self._get(thread_id))
             inbox = [r for r in self._open.get(thread_id, {}).values() if _waiting(r)]
-            items = visible_history(self, info)
-            calls = _CALLS.validate_json(t.calls)
-            return Snapshot(info, items, calls, inbox, next_seq(info, items))
+            items = visible_history(self, hot.info)
+            return Snapshot(hot.info, items, dict(hot.calls), inbox, next_seq(hot.info, items))
 
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
         with self._lock:
-            blob = bytes(self._get(thread_id).items)
-        # One JSON array decodes in a single call, much faster than one call per line.
-        items = _ITEMS.validate_json(b"[" + blob.rstrip(b"\n").replace(b"\n", b",") + b"]")
+            t = self._get(thread_id)
+            items = list(t.hot.items) if t.hot is not None else stored.decode_items(t)[0]
         return items if upto_seq is None else [i for i in items if i.seq <= upto_seq]
 
     def children(self, thread_id: str) -> list[ThreadInfo]:
         with self._lock:
             self._get(thread_id)
-            kids = [self._info(self._threads[c]) for c in self._children.get(thread_id, ())]
+            kids = [stored.info_of(self._threads[c]) for c in self._children.get(thread_id, ())]
         return sorted(kids, key=lambda i: (i.created_at, i.id))
 
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
         with self._lock:
             t = self._get(commit.thread_id)
-            info = self._info(t)
+            hot = self._heat(commit.thread_id, t)
+            info = hot.info
             if info.version != commit.version:
                 return None
             for new in commit.threads:  # validate before writing: a commit is all or nothing
                 if new.id in self._threads:
                     raise DuplicateMessage(new.id, new.id)
-            for stored in commit.items:
-                t.items += _ITEM.dump_json(stored) + b"\n"
-            if commit.calls:
-                calls = _CALLS.validate_json(t.calls)
-                calls.update({c.call_id: c for c in commit.calls})
-                t.calls = _CALLS.dump_json(calls)
+            hot.items += commit.items
+            hot.unsaved += len(commit.items)
+            hot.calls.update({c.call_id: c for c in commit.calls})
+            hot.dirty = True
             open_rows = self._open.get(commit.thread_id, {})
             for row_id in commit.done:
-                self._finish(t, open_rows, row_id, InboxState.DONE, "")
+                stored.finish(hot, open_rows, row_id, InboxState.DONE, "")
             for row_id, reason in commit.rejected:
-                self._finish(t, open_rows, row_id, InboxState.REJECTED, reason)
+                stored.finish(hot, open_rows, row_id, InboxState.REJECTED, reason)
             for row_id in commit.deferred:
                 if row_id in open_rows:
                     open_rows[row_id] = replace(open_rows[row_id], state=InboxState.DEFERRED)
             if not open_rows:
                 self._open.pop(commit.thread_id, None)
-            now = _now()
+            now = stored.now()
             created = []
             for call_id, action in commit.outbox:
                 row = OutboxRow(next(self._ids), commit.thread_id, call_id, action, now)
@@ -244,7 +226,9 @@ class MemoryStore(MemoryRetention):
             )
             if commit.usage is not None:
                 changes["usage"] = commit.usage
-            self._update(t, **changes)
+            stored.update(t, **changes)
+            if commit.status in (ThreadStatus.IDLE, ThreadStatus.CLOSED):
+                self._cool(commit.thread_id, t)  # its turn is over: it waits for a person
             return created
 
     def record_failure(
@@ -252,15 +236,15 @@ class MemoryStore(MemoryRetention):
     ) -> ThreadInfo:
         with self._lock:
             t = self._get(thread_id)
-            info = self._info(t)
+            info = stored.info_of(t)
             failures = info.failures + 1
             status = ThreadStatus.STALLED if failures >= stall_after else info.status
-            return self._update(
+            return stored.update(
                 t, failures=failures, last_error=error, status=status, retry_at=retry_at
             )
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None:
-        now = _now()
+        now = stored.now()
         with self._lock:
             for row_id in outbox_ids:
                 row = self._outbox.get(row_id)
@@ -287,11 +271,11 @@ class MemoryStore(MemoryRetention):
 
     def history(self, thread_id: str) -> list[StoredItem]:
         with self._lock:
-            return visible_history(self, self._info(self._get(thread_id)))
+            return visible_history(self, stored.info_of(self._get(thread_id)))
 
     def call(self, thread_id: str, call_id: str) -> CallRecord:
         with self._lock:
-            call = _CALLS.validate_json(self._get(thread_id).calls).get(call_id)
+            call = stored.calls_of(self._get(thread_id)).get(call_id)
         if call is None:
             raise UnknownCall(thread_id, call_id)
         return call
@@ -299,7 +283,8 @@ class MemoryStore(MemoryRetention):
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
         with self._lock:
             t = self._get(thread_id)
-            rows = [_ROW.validate_json(line) for line in t.done.splitlines()]
+            lines = t.hot.done if t.hot is not None else unpack_lines(t.done)
+            rows = [stored.codecs().row.validate_json(line) for line in lines]
             rows += self._open.get(thread_id, {}).values()
         rows.sort(key=lambda r: r.id)
         return [r for r in rows if state is None or r.state is state]
@@ -342,7 +327,7 @@ class MemoryStore(MemoryRetention):
                 oldest = next((r.id for r in rows.values() if r.state is InboxState.PENDING), None)
                 if oldest is None:
                     continue
-                info = self._info(self._threads[thread_id])
+                info = stored.info_of(self._threads[thread_id])
                 backing_off = now is not None and info.retry_at is not None and info.retry_at > now
                 if info.status is not ThreadStatus.STALLED and not backing_off:
                     waiting.append((oldest, thread_id))
@@ -355,52 +340,72 @@ class MemoryStore(MemoryRetention):
             return self._timer_heap[0][0] if self._timer_heap else None
 
     def stored_bytes(self, thread_id: str) -> int:
-        """The bytes this store keeps for one thread (its serialized blobs)."""
+        """The bytes this store keeps for one idle thread (cooled first)."""
         with self._lock:
             t = self._get(thread_id)
-            return len(t.info) + len(t.items) + len(t.calls) + len(t.ids) + len(t.done)
+            self._cool(thread_id, t)
+            return len(t.info) + t.log.nbytes() + len(t.calls) + t.ids.nbytes() + len(t.done)
 
     def close(self) -> None:
         pass
 
+    # the DedupSet protocol: the store's own durable set, exact and never forgetting ------
+
+    def seen(self, thread_id: str, message_id: str) -> bool:
+        with self._lock:
+            t = self._threads.get(thread_id)
+            return t is not None and t.seen(message_id)
+
+    def add(self, thread_id: str, message_ids: list[str]) -> None:
+        """Nothing to do: ``enqueue`` records every id it accepts."""
+
     # internals ------------------------------------------------------------------------
 
-    def _get(self, thread_id: str) -> _Thread:
+    def _get(self, thread_id: str) -> stored.StoredThread:
         t = self._threads.get(thread_id)
         if t is None:
             raise UnknownThread(thread_id)
         return t
 
-    @staticmethod
-    def _info(t: _Thread) -> ThreadInfo:
-        return _INFO.validate_json(t.info)
+    def _heat(self, thread_id: str, t: stored.StoredThread) -> stored.Hot:
+        """The thread decoded, most recently used; the least recently used cools."""
+        if t.hot is not None:
+            self._hot.move_to_end(thread_id)
+            return t.hot
+        hot = stored.heat(t)
+        self._hot[thread_id] = t
+        while len(self._hot) > self._max_hot:
+            oldest, cold = next(iter(self._hot.items()))
+            self._cool(oldest, cold)
+        return hot
 
-    def _update(self, t: _Thread, **changes: Any) -> ThreadInfo:
-        info = self._info(t)
-        info = replace(info, version=info.version + 1, updated_at=_now(), **changes)
-        t.info = _INFO.dump_json(info)
-        return info
+    def _cool(self, thread_id: str, t: stored.StoredThread) -> None:
+        """Write the decoded thread back to bytes and drop the objects."""
+        stored.cool(t)
+        self._hot.pop(thread_id, None)
 
     def _insert_row(
-        self, t: _Thread, thread_id: str, message_id: str, message: Inbound, priority: int
+        self,
+        t: stored.StoredThread,
+        thread_id: str,
+        message_id: str,
+        message: Inbound,
+        priority: int,
     ) -> InboxRow:
         if t.seen(message_id):
             raise DuplicateMessage(thread_id, message_id)
         row = InboxRow(
-            next(self._ids), thread_id, message_id, message, priority, InboxState.PENDING, _now()
+            next(self._ids),
+            thread_id,
+            message_id,
+            message,
+            priority,
+            InboxState.PENDING,
+            stored.now(),
         )
-        t.remember(message_id)
+        t.ids.add(message_id)
         self._open.setdefault(thread_id, {})[row.id] = row
         return row
-
-    @staticmethod
-    def _finish(
-        t: _Thread, open_rows: dict[int, InboxRow], row_id: int, state: InboxState, reason: str
-    ) -> None:
-        row = open_rows.pop(row_id, None)
-        if row is not None:
-            reason = reason or row.reason  # a retried row keeps its quarantine story
-            t.done += _ROW.dump_json(replace(row, state=state, reason=reason)) + b"\n"
 
     def _add_timer(self, thread_id: str, timer: NewTimer) -> None:
         key = (thread_id, timer.message_id)
@@ -419,7 +424,7 @@ class MemoryStore(MemoryRetention):
         for child in self.children(thread_id):
             t = self._threads[child.id]
             if child.status is not ThreadStatus.CLOSED:
-                calls = _CALLS.validate_json(t.calls)
+                calls = stored.calls_of(t)
                 for call in calls.values():
                     if call.subscription and call.state in (
                         CallState.PENDING,
@@ -429,8 +434,8 @@ class MemoryStore(MemoryRetention):
                         row = OutboxRow(next(self._ids), child.id, call.call_id, "cancel", now)
                         self._outbox[row.id] = row
                         rows.append(row)
-                t.calls = _CALLS.dump_json(calls)
-                self._update(t, status=ThreadStatus.CLOSED)
+                stored.set_calls(t, calls)
+                stored.update(t, status=ThreadStatus.CLOSED)
             rows += self._close_descendants(child.id, now)
         return rows
 

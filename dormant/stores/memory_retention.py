@@ -7,11 +7,9 @@ lock, threads, open inbox rows, outbox and timers) under the same lock.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import replace
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
-
-from pydantic import TypeAdapter
 
 from dormant.stores.base import (
     RETRIED_MARK,
@@ -23,13 +21,10 @@ from dormant.stores.base import (
     ThreadStatus,
     TimerRow,
 )
-
-if TYPE_CHECKING:
-    from dormant.stores.memory import _Thread
+from dormant.stores.memory_blob import pack_lines, unpack_lines
+from dormant.stores.memory_thread import StoredThread, codecs, info_of, update
 
 __all__ = ["MemoryRetention"]
-
-_ROW = TypeAdapter(InboxRow)
 
 
 def _waiting(row: InboxRow) -> bool:
@@ -39,21 +34,15 @@ def _waiting(row: InboxRow) -> bool:
 
 class MemoryRetention:
     _lock: threading.RLock
-    _threads: dict[str, _Thread]
+    _threads: dict[str, StoredThread]
+    _hot: OrderedDict[str, StoredThread]
     _open: dict[str, dict[int, InboxRow]]
     _outbox: dict[int, OutboxRow]
     _timers: dict[int, TimerRow]
     _timer_keys: set[tuple[str, str]]
     _children: dict[str, list[str]]
 
-    def _get(self, thread_id: str) -> _Thread:
-        raise NotImplementedError
-
-    @staticmethod
-    def _info(t: _Thread) -> ThreadInfo:
-        raise NotImplementedError
-
-    def _update(self, t: _Thread, **changes: Any) -> ThreadInfo:
+    def _get(self, thread_id: str) -> StoredThread:
         raise NotImplementedError
 
     def quarantine(self, thread_id: str, inbox_id: int, reason: str) -> ThreadInfo:
@@ -63,7 +52,7 @@ class MemoryRetention:
             row = rows.get(inbox_id)
             if row is not None and _waiting(row):
                 rows[inbox_id] = replace(row, state=InboxState.QUARANTINED, reason=reason)
-            return self._update(t, failures=0, retry_at=None)
+            return update(t, failures=0, retry_at=None)
 
     def release_quarantined(self, thread_id: str, message_id: str | None = None) -> list[InboxRow]:
         with self._lock:
@@ -96,7 +85,7 @@ class MemoryRetention:
             trees = [
                 tree
                 for thread_id, t in self._threads.items()
-                if self._info(t).parent_id is None
+                if info_of(t).parent_id is None
                 and (tree := self._prunable_tree(thread_id, older_than)) is not None
             ]
             if not dry_run:
@@ -105,16 +94,22 @@ class MemoryRetention:
                     self._delete_tree(tree)
             finished = 0
             for t in self._threads.values():
-                kept = bytearray()
-                for line in t.done.splitlines():
+                kept: list[bytes] = []
+                lines = t.hot.done if t.hot is not None else unpack_lines(t.done)
+                for line in lines:
                     room = dry_run or finished < limit
-                    if room and _ROW.validate_json(line).created_at < older_than:
+                    if room and codecs().row.validate_json(line).created_at < older_than:
                         finished += 1
                         if not dry_run:
                             continue
-                    kept += line + b"\n"
-                if not dry_run:
-                    t.done = kept
+                    kept.append(line)
+                if dry_run or len(kept) == len(lines):
+                    continue
+                if t.hot is not None:
+                    t.hot.done = kept
+                    t.hot.dirty = True
+                else:
+                    t.done = pack_lines(kept)
             # Ran outbox rows and fired timers are not kept in memory at all.
             return PruneCounts(threads=sum(len(tree) for tree in trees), inbox=finished)
 
@@ -123,7 +118,7 @@ class MemoryRetention:
         tree, todo = [], [root_id]
         while todo:
             thread_id = todo.pop()
-            info = self._info(self._threads[thread_id])
+            info = info_of(self._threads[thread_id])
             if info.status is not ThreadStatus.CLOSED or info.updated_at >= older_than:
                 return None
             tree.append(thread_id)
@@ -134,6 +129,7 @@ class MemoryRetention:
         doomed = set(tree)
         for thread_id in tree:
             self._threads.pop(thread_id, None)
+            self._hot.pop(thread_id, None)
             self._open.pop(thread_id, None)
             self._children.pop(thread_id, None)
         for row_id in [i for i, r in self._outbox.items() if r.thread_id in doomed]:

@@ -171,7 +171,9 @@ def tool(
 
 def arguments_model(name: str, fields: dict[str, Any]) -> type[BaseModel]:
     """A strict arguments model named after the tool (used by built-ins too)."""
-    return create_model(f"{name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+    # Built on first validation: the built-ins' models would otherwise cost every import.
+    config = ConfigDict(extra="forbid", defer_build=True)
+    return create_model(f"{name}_arguments", __config__=config, **fields)
 
 
 def _arguments_model(f: Callable[..., Any]) -> tuple[type[BaseModel], str | None]:

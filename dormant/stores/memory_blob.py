@@ -1,0 +1,104 @@
+"""The compact forms the memory store keeps an idle thread in.
+
+- ``ItemLog``: the thread's items as JSON lines, compressed in chunks. Each chunk is raw
+  deflate whose preset dictionary is the 32 KiB of text before it, ended by a sync flush,
+  so appending a chunk costs only the new text, the whole log compresses about as well as
+  one stream (a 20-turn thread of model text: ~3x at level 6, against ~2x for independent
+  chunks), and the chunks read back as one stream, in one call.
+- ``SeenIds``: every inbox message id the thread ever accepted, as 8-byte BLAKE2b
+  digests (8 bytes an id instead of ~220 for a set entry); the durable dedup set.
+- ``pack_lines`` / ``unpack_lines``: a few JSON lines, zlib-compressed (finished inbox
+  rows, the calls index).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import zlib
+
+__all__ = ["ItemLog", "SeenIds", "pack_lines", "unpack_lines"]
+
+WINDOW_BYTES = 32 * 1024
+"""Deflate's window: a chunk sees at most this much of the text before it."""
+
+LEVEL = 6
+_DIGEST_BYTES = 8
+
+
+class ItemLog:
+    """Append-only JSON lines: compressed chunks, then a small uncompressed tail."""
+
+    __slots__ = ("chunks", "tail")
+
+    def __init__(self) -> None:
+        self.chunks: tuple[bytes, ...] = ()
+        """Raw deflate data, one object a chunk: each is allocated once, at its final size,
+        where one growing buffer would leave a hole in the heap at every fold."""
+        self.tail = b""
+
+    def append(self, lines: bytes) -> None:
+        self.tail += lines
+
+    def plaintext(self) -> tuple[bytes, bytes]:
+        """Every line, and the window: the last ``WINDOW_BYTES`` of the folded part."""
+        # The chunks end in sync flushes, not final blocks, and each was compressed with
+        # the text before it as its dictionary: together they are one deflate stream.
+        text = zlib.decompressobj(-15).decompress(b"".join(self.chunks))
+        return text + self.tail, text[-WINDOW_BYTES:]
+
+    def fold(self, window: bytes) -> bytes:
+        """Compress the tail into a new chunk; ``window`` is what ``plaintext`` (or the
+        previous fold) returned. Returns the window after the fold."""
+        if not self.tail:
+            return window
+        if window:
+            strategy = zlib.Z_DEFAULT_STRATEGY
+            deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15, 9, strategy, window)
+        else:
+            deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15)
+        data = deflate.compress(self.tail) + deflate.flush(zlib.Z_SYNC_FLUSH)
+        self.chunks = (*self.chunks, data)
+        window = (window + self.tail)[-WINDOW_BYTES:]
+        self.tail = b""
+        return window
+
+    def nbytes(self) -> int:
+        return sum(map(len, self.chunks)) + len(self.tail)
+
+
+class SeenIds:
+    """A set of message ids as 8-byte digests: a false "seen" needs a 64-bit collision
+    within one thread (for a million ids, odds below one in ten million)."""
+
+    __slots__ = ("digests",)
+
+    def __init__(self) -> None:
+        self.digests = b""
+
+    def __contains__(self, message_id: str) -> bool:
+        digest = _digest(message_id)
+        at = self.digests.find(digest)
+        while at != -1:
+            if at % _DIGEST_BYTES == 0:  # a match across two digests is no match
+                return True
+            at = self.digests.find(digest, at + 1)
+        return False
+
+    def add(self, message_id: str) -> None:
+        self.digests += _digest(message_id)
+
+    def nbytes(self) -> int:
+        return len(self.digests)
+
+
+def _digest(message_id: str) -> bytes:
+    return hashlib.blake2b(message_id.encode(), digest_size=_DIGEST_BYTES).digest()
+
+
+def pack_lines(lines: list[bytes]) -> bytes:
+    """JSON lines as one zlib blob (empty for none)."""
+    return zlib.compress(b"\n".join(lines), 1) if lines else b""
+
+
+def unpack_lines(blob: bytes) -> list[bytes]:
+    return zlib.decompress(blob).split(b"\n") if blob else []
