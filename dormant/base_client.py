@@ -37,7 +37,6 @@ from dormant.messages import (
 )
 from dormant.settings import Settings
 from dormant.stores.base import (
-    CallState,
     DedupSet,
     Lease,
     NewThread,
@@ -116,26 +115,38 @@ class BaseClient(ABC):
         thread_id = thread_id or new_thread_id()
         self._check_size(thread_id, text)
         message_id = message_id or f"launch:{thread_id}"
+        first = UserMessage(text=text)
+        new = NewThread(
+            id=thread_id,
+            agent=agent,
+            metadata=metadata or {},
+            messages=[(message_id, first, Priority.INTERACTIVE)],
+        )
         try:
-            self.store.create_thread(NewThread(id=thread_id, agent=agent, metadata=metadata or {}))
+            self.store.create_thread(new)  # one transaction: the thread with its message
         except DuplicateMessage:
             existing = self.store.thread(thread_id).agent
             if not chosen or existing != agent:
                 raise MessageRejected(
                     f"thread {thread_id!r} exists already, for agent {existing!r}"
                 ) from None
+            self._relaunch(thread_id, message_id, text)
+            return thread_id
+        self._wake_saved(thread_id, Priority.INTERACTIVE)
+        return thread_id
+
+    def _relaunch(self, thread_id: str, message_id: str, text: str) -> None:
+        """A launch of a thread that exists: queue its first message if a store of an older
+        version created the thread without it, and wake it (the first wake may have failed)."""
         try:
             self._enqueue(thread_id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
         except DuplicateMessage:
-            if not chosen:
-                raise
             if not self._launched_with(thread_id, message_id, text):
                 raise MessageRejected(
                     f"thread {thread_id!r} was already launched (message {message_id!r}) "
                     "with other text"
                 ) from None
-            self._wake_saved(thread_id, Priority.INTERACTIVE)  # the first wake may have failed
-        return thread_id
+            self._wake_saved(thread_id, Priority.INTERACTIVE)
 
     def _launched_with(self, thread_id: str, message_id: str, text: str) -> bool:
         """Whether ``message_id`` of the thread is user ``text`` (a retried launch)."""
@@ -177,21 +188,10 @@ class BaseClient(ABC):
         content = as_text(result)
         self._check_size(thread_id, content)
         message_id = message_id or new_message_id()
-        self._refuse_second_result(thread_id, call_id, message_id)
         message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
-        return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND)
-
-    def _refuse_second_result(self, thread_id: str, call_id: str, message_id: str) -> None:
-        """``CallAnswered`` for a new result on an answered call, which would change
-        nothing; ``DuplicateMessage`` if it is the answer itself arriving again."""
-        call = self.store.call(thread_id, call_id)
-        if call.state is not CallState.ANSWERED or call.subscription:
-            return  # pending, a subscription (events), or interrupted (a late result)
-        if self.dedup.seen(thread_id, message_id) or any(
-            row.message_id == message_id for row in self.store.inbox(thread_id)
-        ):
-            raise DuplicateMessage(thread_id, message_id)
-        raise CallAnswered(thread_id, call_id, message_id)
+        # A new result on an answered call (not a subscription) would change nothing: the
+        # store refuses it (``CallAnswered``) in the transaction that would queue it.
+        return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND, answered_ok=False)
 
     def verify_token(self, thread_id: str, call_id: str, token: str) -> None:
         """Raise ``InvalidToken`` unless ``token`` is a live capability for this call."""
@@ -331,6 +331,7 @@ class BaseClient(ABC):
         priority: int,
         *,
         limited: bool = False,
+        answered_ok: bool = True,
     ) -> str:
         """Store and wake; ``limited`` input (user text, events) is refused with
         ``InboxFull`` past ``max_inbox_depth``. Tool results never are: a call must get
@@ -340,7 +341,9 @@ class BaseClient(ABC):
             raise DuplicateMessage(thread_id, message_id)
         depth = self.settings.max_inbox_depth
         max_open = depth if limited and depth > 0 else None
-        self.store.enqueue(thread_id, message_id, message, priority, max_open=max_open)
+        self.store.enqueue(
+            thread_id, message_id, message, priority, max_open=max_open, answered_ok=answered_ok
+        )
         self._wake_saved(thread_id, priority)
         return message_id
 

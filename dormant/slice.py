@@ -4,8 +4,13 @@
 inbox rows (``history.apply_inbox``); 5. run at most one completion, buffered and retried,
 looping only while every call of the turn was answered inside the slice (built-ins,
 invalid calls), up to ``max_rounds_per_slice``; 6. validate each call; 7. commit once,
-guarded by the thread's version; 8. dispatch the outbox, publish events; 9. release and
-re-wake if rows arrived meanwhile.
+guarded by the thread's version; 8. dispatch the outbox; 9. end in one go (``SliceEnd``:
+the applied ids to the dedup set, the buffered events, the lease's release) and re-wake if
+a slice woken meanwhile was refused the lease.
+
+SQL sees two transactions (load, commit) and a third, one statement, only to stamp the
+dispatched outbox rows; Redis two round trips (acquire, end) plus a live chunk now and then
+during a long completion.
 
 A crash before 7 loses nothing (the rerun makes the one turn); a crash between 7 and 8
 leaves undispatched outbox rows the sweeper re-dispatches.
@@ -98,7 +103,9 @@ __all__ = [
     "Failed",
     "Idle",
     "Missing",
+    "SeparateEnd",
     "SliceDeps",
+    "SliceEnd",
     "SliceOutcome",
     "Stale",
     "Stalled",
@@ -125,6 +132,30 @@ class EventSink(Protocol):
     def publish(self, event: Event) -> None: ...
 
 
+class SliceEnd(Protocol):
+    def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
+        """Add ``message_ids`` to the dedup set, publish ``events``, release the lease held
+        with ``token``; whether another slice was refused the lease meanwhile. Redis does
+        it in one round trip (``RedisSliceEnd``)."""
+        ...
+
+
+@dataclass(frozen=True)
+class SeparateEnd:
+    """``SliceEnd`` over a dedup set, an event sink and a lease, one call each."""
+
+    dedup: DedupSet
+    events: EventSink
+    lease: Lease
+
+    def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
+        if message_ids:
+            self.dedup.add(thread_id, message_ids)
+        for event in events:
+            self.events.publish(event)
+        return self.lease.release(thread_id, token)
+
+
 def _utcnow() -> datetime:
     return datetime.now(UTC)
 
@@ -142,6 +173,12 @@ class SliceDeps:
     settings: Settings
     clock: Callable[[], datetime] = _utcnow
     sleep: Callable[[float], None] = time.sleep
+    ending: SliceEnd | None = None
+    """How a slice ends in one go; by default ``SeparateEnd`` over the parts above."""
+
+    def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
+        ending = self.ending or SeparateEnd(self.dedup, self.events, self.lease)
+        return ending.end(thread_id, token, message_ids, events)
 
     def crash(self, point: str) -> None:
         """Die here if the test-only setting arms ``point``."""
@@ -162,14 +199,15 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
     """
     token = deps.lease.acquire(thread_id, deps.settings.lease_ttl_s)
     if token is None:
-        return Busy(thread_id)
+        return Busy(thread_id)  # the holder drains the inbox: its release sees the refusal
+    work = _Slice(thread_id, token, deps)
     try:
         deps.crash("holding_lease")
-        outcome, seen = _Slice(thread_id, token, deps).run()
+        outcome, seen = work.run()
     except CrashPoint:
         raise  # a simulated death keeps the lease until it expires, like a real one
     except ControlSignal:
-        deps.lease.release(thread_id, token)
+        work.end()
         raise
     except BaseException as error:
         if isinstance(error, Exception):
@@ -178,10 +216,14 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
                 thread_id,
                 exc_info=True,
             )
-        deps.lease.release(thread_id, token)
+        work.end()
         raise
-    deps.lease.release(thread_id, token)
-    if seen is not None and deps.store.has_pending_after(thread_id, seen):
+    refused = work.end()
+    # Rows that arrived during the slice woke a slice that was refused the lease (or one
+    # still queued, which will run): only then, after steering, or when the slice set rows
+    # aside, is SQL asked again.
+    asked = seen is not None and (refused or work.set_aside or isinstance(outcome, Steered))
+    if asked and seen is not None and deps.store.has_pending_after(thread_id, seen):
         deps.dispatcher.wake(thread_id, _rewake_priority(deps.store, thread_id, seen))
     return outcome
 
@@ -214,6 +256,17 @@ class _Slice:
         self.flushed_at = time.monotonic()
         self.committed = False
         self.started_at = deps.clock()
+        self.set_aside = False
+        """Whether the slice left loaded rows for later (``isolate``): it wakes the thread
+        again for them."""
+        self.applied_ids: list[str] = []
+        """Message ids of the inbox rows the commit marked done (for the dedup set)."""
+        self.events: list[Event] = []
+        """Events published when the slice ends, with the lease's release."""
+
+    def end(self) -> bool:
+        """Publish the buffered events, remember the applied ids, release the lease."""
+        return self.deps.end(self.thread_id, self.token, self.applied_ids, self.events)
 
     def run(self) -> tuple[SliceOutcome, int | None]:
         deps = self.deps
@@ -231,7 +284,9 @@ class _Slice:
             return Stalled(self.thread_id, snap.thread.last_error), None
         if not snap.inbox:
             return settled(self.thread_id, snap.thread.status, snap.calls), None
+        loaded = len(snap.inbox)
         snap = isolate(snap)  # after a failure: one suspect row alone (quarantine.py)
+        self.set_aside = len(snap.inbox) < loaded
         self.seen = max(row.id for row in snap.inbox)
         try:
             return self._apply(snap)
@@ -288,7 +343,7 @@ class _Slice:
         )
         stalled = info.status is ThreadStatus.STALLED
         if stalled:
-            deps.events.publish(
+            self.events.append(
                 StatusChanged(thread_id=self.thread_id, status=info.status, detail=info.last_error)
             )
         return Failed(self.thread_id, info.last_error, stalled, retry_at)
@@ -299,7 +354,7 @@ class _Slice:
         failures = snap.thread.failures + 1
         reason = f"quarantined after {failures} failed slices: {error}"
         deps.store.quarantine(self.thread_id, row.id, reason)
-        deps.events.publish(
+        self.events.append(
             Rejected(thread_id=self.thread_id, message_id=row.message_id, reason=reason)
         )
         detail = f"message {row.message_id!r} {reason}"
@@ -369,8 +424,11 @@ class _Slice:
                 max_s=settings.model_backoff_max_s,
                 sleep=self.deps.sleep,
             )
-        finally:
-            self._flush_chunks(time.monotonic())
+        finally:  # the rest of the text goes out with the slice's other events
+            if self.streamed:
+                self.events.append(Chunk(thread_id=self.thread_id, text=self.streamed))
+                self.streamed = ""
+            self.flushed_at = time.monotonic()
 
     def _compact(
         self,
@@ -396,7 +454,8 @@ class _Slice:
         return compacted([*visible, stored])
 
     def _flush_chunks(self, now: float) -> None:
-        """Publish the text streamed since the last flush as one chunk."""
+        """Publish the text streamed since the last flush as one chunk, now (a live view of
+        a long completion)."""
         if self.streamed:
             self.deps.events.publish(Chunk(thread_id=self.thread_id, text=self.streamed))
             self.streamed = ""
@@ -478,27 +537,26 @@ class _Slice:
     ) -> None:
         deps = self.deps
         done = set(applied.done)
-        deps.dedup.add(self.thread_id, [r.message_id for r in snap.inbox if r.id in done])
-        for stored in turn.items:
-            deps.events.publish(
-                ItemAdded(thread_id=self.thread_id, seq=stored.seq, item=stored.item)
-            )
-        for row, reason in applied.rejected:
-            deps.events.publish(
-                Rejected(thread_id=self.thread_id, message_id=row.message_id, reason=reason)
-            )
+        self.applied_ids = [r.message_id for r in snap.inbox if r.id in done]
+        events = self.events
+        events += [ItemAdded(thread_id=self.thread_id, seq=s.seq, item=s.item) for s in turn.items]
+        events += [
+            Rejected(thread_id=self.thread_id, message_id=row.message_id, reason=reason)
+            for row, reason in applied.rejected
+        ]
         if status is not snap.thread.status:
-            deps.events.publish(StatusChanged(thread_id=self.thread_id, status=status))
+            events.append(StatusChanged(thread_id=self.thread_id, status=status))
         for thread_id in {t for t, *_ in turn.enqueue}:
             deps.dispatcher.wake(thread_id, Priority.BACKGROUND)
         for outbox in rows:
             deps.dispatcher.dispatch(outbox)
-            deps.store.mark_dispatched([outbox.id])
             known = applied.calls.get(outbox.call_id)
             name = known.name if known and outbox.thread_id == self.thread_id else outbox.action
-            deps.events.publish(
+            events.append(
                 ToolDispatched(thread_id=outbox.thread_id, call_id=outbox.call_id, name=name)
             )
+        if rows:  # one stamp for all: a row sent but not stamped is only sent again
+            deps.store.mark_dispatched([outbox.id for outbox in rows])
 
 
 def _status(thread: ThreadInfo, applied: Applied, turn: Turn) -> ThreadStatus:

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any, NoReturn
 
-import redis
 from celery import Celery, Task
 
 from dormant.agents import AgentRegistry
@@ -51,6 +50,7 @@ from dormant.stores.redis import (
     RedisDedup,
     RedisEvents,
     RedisLease,
+    RedisSliceEnd,
     RedisWakeMarks,
     redis_client,
     wake_mark_ttl_s,
@@ -94,13 +94,16 @@ class Runtime:
         store = LabelledSQLStore(
             settings.database_url, TaskLabels(), table_prefix=settings.table_prefix
         )
-        lease = RedisLease(client, prefix)
         dedup = RedisDedup(client, prefix, settings.dedup_ttl_s)
         marks = RedisWakeMarks(client, prefix, wake_mark_ttl_s(settings))
+        # Taking the lease clears the wake mark, before the slice loads the inbox (see
+        # RedisWakeMarks), in the same round trip.
+        lease = RedisLease(client, prefix, wake_marks=marks)
         events = RedisEvents(client, prefix, ttl_s=settings.dedup_ttl_s)
         dispatcher = CeleryDispatcher(celery_app, marks, labels=store.labels)
         sink = Client(store, dedup, settings, waker=dispatcher.wake, events=events, agents=agents)
-        deps = SliceDeps(store, lease, dedup, dispatcher, events, agents, settings)
+        ending = RedisSliceEnd(client, lease, dedup, events)
+        deps = SliceDeps(store, lease, dedup, dispatcher, events, agents, settings, ending=ending)
         return cls(settings, store, marks, dispatcher, sink, deps)
 
 
@@ -189,10 +192,6 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
     )
     def slice_task(self: Task, thread_id: str) -> str:
         rt = runtime()
-        try:
-            rt.marks.clear(thread_id)  # before the slice loads the inbox: see RedisWakeMarks
-        except redis.RedisError:
-            log.warning("could not clear the wake mark of thread %s", thread_id, exc_info=True)
         try:
             outcome = run_slice(thread_id, rt.deps)
         except CrashPoint as crash:

@@ -211,6 +211,9 @@ class NewThread:
     """The child's first own items (results it owes for calls of the inherited fork turn)."""
     calls: list[CallRecord] = field(default_factory=list)
     """Calls the child knows from its parent (the spawn or subscription call it reports on)."""
+    messages: list[tuple[str, Inbound, int]] = field(default_factory=list)
+    """(message_id, message, priority) inbox rows queued with the thread, in the same
+    transaction (a launch's first message): a thread never exists without them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +302,8 @@ class SliceStore(Protocol):
 
 class InboxStore(Protocol):
     def create_thread(self, thread: NewThread) -> ThreadInfo:
-        """Create a thread; raises ``DuplicateMessage`` if the id exists."""
+        """Create a thread with its first messages; raises ``DuplicateMessage`` if the id
+        exists (and then writes nothing)."""
         ...
 
     def enqueue(
@@ -310,11 +314,14 @@ class InboxStore(Protocol):
         priority: int,
         *,
         max_open: int | None = None,
+        answered_ok: bool = True,
     ) -> InboxRow:
         """Queue a message; raises ``UnknownThread``, ``ThreadClosed``, ``UnknownCall``,
         ``SubscriptionCancelled`` or ``DuplicateMessage`` (unique (thread_id, message_id),
         and a message id already in the history, whose inbox row retention may have
-        deleted); ``InboxFull`` if ``max_open`` rows are already pending or deferred."""
+        deleted); ``InboxFull`` if ``max_open`` rows are already pending or deferred. Unless
+        ``answered_ok``, a result for an answered call (not a subscription) raises
+        ``DuplicateMessage`` if the thread has that message id, else ``CallAnswered``."""
         ...
 
     def release_quarantined(self, thread_id: str, message_id: str | None = None) -> list[InboxRow]:
@@ -411,12 +418,16 @@ class Lease(Protocol):
     """A per-thread lock with a time-to-live; the thread's version fences stale holders."""
 
     def acquire(self, thread_id: str, ttl_s: float) -> str | None:
-        """A token if the lease was free, else None."""
+        """A token if the lease was free, else None; a refusal is remembered for the
+        holder's ``release``."""
         ...
 
     def renew(self, thread_id: str, token: str, ttl_s: float) -> bool: ...
 
-    def release(self, thread_id: str, token: str) -> None: ...
+    def release(self, thread_id: str, token: str) -> bool:
+        """Release the lease if ``token`` holds it; whether an ``acquire`` was refused while
+        it was held (that slice ended at once: the holder must drain what woke it)."""
+        ...
 
     def held(self, thread_id: str) -> bool:
         """Whether a live (unexpired) lease exists: the sweeper leaves such threads alone."""

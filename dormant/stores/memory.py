@@ -27,6 +27,7 @@ from datetime import datetime
 from typing import Any
 
 from dormant.errors import (
+    CallAnswered,
     DuplicateMessage,
     InboxFull,
     SubscriptionCancelled,
@@ -104,6 +105,8 @@ class MemoryStore(MemoryRetention):
             self._threads[thread.id] = t
             if thread.parent_id is not None:
                 self._children.setdefault(thread.parent_id, []).append(thread.id)
+            for message_id, message, priority in thread.messages:
+                self._insert_row(t, thread.id, message_id, message, priority)
             return info
 
     def thread(self, thread_id: str) -> ThreadInfo:
@@ -132,6 +135,7 @@ class MemoryStore(MemoryRetention):
         priority: int,
         *,
         max_open: int | None = None,
+        answered_ok: bool = True,
     ) -> InboxRow:
         with self._lock:
             t = self._get(thread_id)
@@ -148,6 +152,11 @@ class MemoryStore(MemoryRetention):
                     raise UnknownCall(thread_id, call_id)
                 if call.state is CallState.CANCELLED:
                     raise SubscriptionCancelled(thread_id, call_id)
+                answered = call.state is CallState.ANSWERED and not call.subscription
+                if answered and not answered_ok:
+                    if t.seen(message_id):
+                        raise DuplicateMessage(thread_id, message_id)
+                    raise CallAnswered(thread_id, call_id, message_id)
             return self._insert_row(t, thread_id, message_id, message, priority)
 
     def add_timer(self, thread_id: str, timer: NewTimer) -> None:

@@ -11,18 +11,22 @@ __all__ = ["MemoryDedup", "MemoryLease"]
 
 
 class MemoryLease:
-    """``Lease`` for one process: a token and a deadline per thread."""
+    """``Lease`` for one process: a token and a deadline per thread, and the threads whose
+    lease was refused to a slice while held (their holder drains what it was woken for)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[str, float]] = {}
+        self._refused: set[str] = set()
 
     def acquire(self, thread_id: str, ttl_s: float) -> str | None:
         now = time.monotonic()
         with self._lock:
             held = self._held.get(thread_id)
             if held is not None and held[1] > now:
+                self._refused.add(thread_id)
                 return None
+            self._refused.discard(thread_id)
             token = secrets.token_hex(8)
             self._held[thread_id] = (token, now + ttl_s)
             return token
@@ -36,11 +40,14 @@ class MemoryLease:
             self._held[thread_id] = (token, now + ttl_s)
             return True
 
-    def release(self, thread_id: str, token: str) -> None:
+    def release(self, thread_id: str, token: str) -> bool:
         with self._lock:
+            refused = thread_id in self._refused
             held = self._held.get(thread_id)
             if held is not None and held[0] == token:
                 del self._held[thread_id]
+                self._refused.discard(thread_id)
+            return refused
 
     def held(self, thread_id: str) -> bool:
         with self._lock:
@@ -51,6 +58,7 @@ class MemoryLease:
         """Forget every lease, as if their holders died long ago (tests of crashes)."""
         with self._lock:
             self._held.clear()
+            self._refused.clear()
 
 
 class MemoryDedup:

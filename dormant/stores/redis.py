@@ -21,6 +21,7 @@ __all__ = [
     "RedisDedup",
     "RedisEvents",
     "RedisLease",
+    "RedisSliceEnd",
     "RedisWakeMarks",
     "redis_client",
     "wake_mark_ttl_s",
@@ -29,7 +30,23 @@ __all__ = [
 log = logging.getLogger("dormant.redis")
 
 Redis = redis.Redis
+Pipeline = redis.client.Pipeline
 
+# KEYS[1] the lease, KEYS[2] its "refused" flag, KEYS[3] (optional) the thread's wake mark;
+# ARGV[1] a fresh token, ARGV[2] the ttl in ms. Clears the wake mark in any case (the slice
+# task clears it before loading the inbox: see RedisWakeMarks); a refused acquire raises the
+# flag, atomically with the holder's release reading it, so no wake falls between the two.
+_ACQUIRE = """
+if #KEYS == 3 then
+  redis.call('DEL', KEYS[3])
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  redis.call('DEL', KEYS[2])
+  return 1
+end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
+return 0
+"""
 # KEYS[1] the lease, ARGV[1] the holder's token, ARGV[2] the new ttl in ms.
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -46,9 +63,15 @@ end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 return 1
 """
+# KEYS[1] the lease, KEYS[2] its "refused" flag, ARGV[1] the holder's token: 1 if a slice
+# was refused the lease meanwhile (the holder drains what that slice was woken for).
 _RELEASE = """
+local refused = redis.call('GET', KEYS[2])
 if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+  redis.call('DEL', KEYS[1], KEYS[2])
+end
+if refused then
+  return 1
 end
 return 0
 """
@@ -72,6 +95,10 @@ def wake_mark_ttl_s(settings: Settings) -> float:
     return max(settings.outbox_grace_s, 2 * settings.sweep_interval_s)
 
 
+def _json(event: Event) -> str:
+    return EventAdapter.dump_json(event).decode()
+
+
 def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
@@ -79,29 +106,47 @@ def _ms(seconds: float) -> int:
 class RedisLease:
     """``Lease``: ``SET NX PX`` with a random token; renew and release only by the holder.
 
-    Renew and release are Lua compare-and-set scripts, so a holder whose lease expired and
-    was taken by another slice can neither extend nor delete the new holder's lease.
+    Acquire, renew and release are Lua scripts: a holder whose lease expired and was taken
+    by another slice can neither extend nor delete the new holder's lease, and a refused
+    acquire raises a flag that the holder's release reads atomically. With ``wake_marks``
+    (the worker's), acquiring also clears the thread's wake mark, in the same round trip.
     """
 
-    def __init__(self, client: Redis, prefix: str) -> None:
+    def __init__(
+        self, client: Redis, prefix: str, *, wake_marks: RedisWakeMarks | None = None
+    ) -> None:
         self._client = client
         self._prefix = prefix
+        self._marks = wake_marks
+        self._acquire = client.register_script(_ACQUIRE)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
 
     def _key(self, thread_id: str) -> str:
         return f"{self._prefix}:lease:{thread_id}"
 
+    def _keys(self, thread_id: str) -> list[str]:
+        return [self._key(thread_id), f"{self._prefix}:refused:{thread_id}"]
+
     def acquire(self, thread_id: str, ttl_s: float) -> str | None:
         token = secrets.token_hex(16)
-        taken = self._client.set(self._key(thread_id), token, nx=True, px=_ms(ttl_s))
+        keys = self._keys(thread_id)
+        if self._marks is not None:
+            keys.append(self._marks.key(thread_id))
+        taken = self._acquire(keys=keys, args=[token, _ms(ttl_s)])
         return token if taken else None
 
     def renew(self, thread_id: str, token: str, ttl_s: float) -> bool:
         return bool(self._renew(keys=[self._key(thread_id)], args=[token, _ms(ttl_s)]))
 
-    def release(self, thread_id: str, token: str) -> None:
-        self._release(keys=[self._key(thread_id)], args=[token])
+    def release(self, thread_id: str, token: str) -> bool:
+        return bool(self._release(keys=self._keys(thread_id), args=[token]))
+
+    def release_queued(self, pipe: Pipeline, thread_id: str, token: str) -> None:
+        """Queue ``release`` on ``pipe``; its reply is the pipeline's result for it. ``EVAL``,
+        not the registered script: redis-py checks a pipeline's scripts with an extra
+        ``SCRIPT EXISTS`` round trip first."""
+        pipe.eval(_RELEASE, 2, *self._keys(thread_id), token)
 
     def held(self, thread_id: str) -> bool:
         return bool(self._client.exists(self._key(thread_id)))
@@ -131,14 +176,19 @@ class RedisDedup:
     def add(self, thread_id: str, message_ids: list[str]) -> None:
         if not message_ids:
             return
-        key = self._key(thread_id)
         try:
             with self._client.pipeline(transaction=False) as pipe:
-                pipe.sadd(key, *message_ids)
-                pipe.pexpire(key, _ms(self._ttl_s))
+                self.add_queued(pipe, thread_id, message_ids)
                 pipe.execute()
         except redis.RedisError:
             log.warning("dedup add failed for thread %s; relying on SQL", thread_id, exc_info=True)
+
+    def add_queued(self, pipe: Pipeline, thread_id: str, message_ids: list[str]) -> None:
+        """Queue ``add`` on ``pipe`` (the end of a slice sends it with the lease release)."""
+        if message_ids:
+            key = self._key(thread_id)
+            pipe.sadd(key, *message_ids)
+            pipe.pexpire(key, _ms(self._ttl_s))
 
 
 class RedisWakeMarks:
@@ -161,20 +211,20 @@ class RedisWakeMarks:
         self._ttl_s = ttl_s
         self._claim = client.register_script(_CLAIM)
 
-    def _key(self, thread_id: str) -> str:
+    def key(self, thread_id: str) -> str:
         return f"{self._prefix}:queued:{thread_id}"
 
     def claim(self, thread_id: str, priority: int) -> bool:
         """Whether this wake must be sent: no wake of ``priority`` or higher is queued."""
         try:
-            key = self._key(thread_id)
+            key = self.key(thread_id)
             return bool(self._claim(keys=[key], args=[int(priority), _ms(self._ttl_s)]))
         except redis.RedisError:
             log.warning("wake mark failed for thread %s; sending anyway", thread_id, exc_info=True)
             return True
 
     def clear(self, thread_id: str) -> None:
-        self._client.delete(self._key(thread_id))
+        self._client.delete(self.key(thread_id))
 
 
 class RedisEvents:
@@ -197,27 +247,70 @@ class RedisEvents:
         return f"{self._prefix}:recent:{thread_id}"
 
     def publish(self, event: Event) -> None:
-        data = EventAdapter.dump_json(event).decode()
+        self.publish_all([event])
+
+    def publish_all(self, events: list[Event]) -> None:
+        """Publish ``events`` in order, in one round trip."""
+        if not events:
+            return
         try:
-            if isinstance(event, Chunk):  # the hot path: one command, no pipeline
-                self._client.publish(self.channel(event.thread_id), data)
+            if len(events) == 1 and isinstance(events[0], Chunk):  # the hot path: one command
+                event = events[0]
+                self._client.publish(self.channel(event.thread_id), _json(event))
                 return
-            key = self._recent_key(event.thread_id)
             with self._client.pipeline(transaction=False) as pipe:
-                pipe.publish(self.channel(event.thread_id), data)
-                pipe.rpush(key, data)
-                pipe.ltrim(key, -self._keep, -1)
-                pipe.pexpire(key, _ms(self._ttl_s))
+                self.publish_queued(pipe, events)
                 pipe.execute()
         except redis.RedisError:
-            log.warning(
-                "publishing a %s event of thread %s failed",
-                event.kind,
-                event.thread_id,
-                exc_info=True,
-            )
+            kinds = ", ".join(sorted({e.kind for e in events}))
+            log.warning("publishing %s events failed", kinds, exc_info=True)
+
+    def publish_queued(self, pipe: Pipeline, events: list[Event]) -> None:
+        """Queue the commands that publish ``events`` on ``pipe``: one ``PUBLISH`` each on
+        the thread's channel (observers see each event as its own message), and one
+        ``RPUSH`` per thread of the non-chunk events to its list of recent events."""
+        kept: dict[str, list[str]] = {}
+        for event in events:
+            data = _json(event)
+            pipe.publish(self.channel(event.thread_id), data)
+            if not isinstance(event, Chunk):
+                kept.setdefault(event.thread_id, []).append(data)
+        for thread_id, datas in kept.items():
+            key = self._recent_key(thread_id)
+            pipe.rpush(key, *datas)
+            pipe.ltrim(key, -self._keep, -1)
+            pipe.pexpire(key, _ms(self._ttl_s))
 
     def recent(self, thread_id: str) -> list[Event]:
         """The kept events of ``thread_id``, oldest first (chunks are never kept)."""
         raw = cast(list[Any], self._client.lrange(self._recent_key(thread_id), 0, -1))
         return [EventAdapter.validate_json(data) for data in raw]
+
+
+class RedisSliceEnd:
+    """``SliceEnd`` in one round trip: the ids the slice applied (dedup fast path), its
+    events and the release of its lease, pipelined in that order."""
+
+    def __init__(
+        self, client: Redis, lease: RedisLease, dedup: RedisDedup, events: RedisEvents
+    ) -> None:
+        self._client = client
+        self._lease = lease
+        self._dedup = dedup
+        self._events = events
+
+    def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
+        try:
+            with self._client.pipeline(transaction=False) as pipe:
+                self._dedup.add_queued(pipe, thread_id, message_ids)
+                self._events.publish_queued(pipe, events)
+                self._lease.release_queued(pipe, thread_id, token)
+                replies = pipe.execute()
+        except redis.RedisError:
+            log.warning(
+                "ending the slice of thread %s in Redis failed: its lease expires on its own",
+                thread_id,
+                exc_info=True,
+            )
+            raise
+        return bool(replies[-1])

@@ -29,7 +29,7 @@ from sqlalchemy.exc import IntegrityError
 
 from dormant.errors import DuplicateMessage, UnknownCall, UnknownThread
 from dormant.messages import Inbound, InboundAdapter
-from dormant.stores import sql_rows as rows
+from dormant.stores import sql_statements as rows
 from dormant.stores.base import (
     CallRecord,
     Commit,
@@ -54,7 +54,7 @@ from dormant.stores.sql_rows import (
     inbox_values,
     is_open,
     is_pending,
-    item_values,
+    is_unique_violation,
     outbox_row,
     thread_info,
 )
@@ -234,17 +234,18 @@ class SQLStore(SQLRetention):
         priority: int,
         *,
         max_open: int | None = None,
+        answered_ok: bool = True,
     ) -> InboxRow:
         inbox = self._schema.inbox
         values = inbox_values(thread_id, message_id, message, priority, _now())
         try:
             with self._tx(write=True) as conn:
-                rows.check_inbound(conn, thread_id, message)
+                rows.check_inbound(conn, thread_id, message_id, message, answered_ok=answered_ok)
                 check_room(conn, thread_id, message_id, max_open)
                 row = conn.execute(inbox.insert().values(values).returning(*inbox.c))
                 return inbox_row(row.mappings().one())
         except IntegrityError as exc:
-            if rows.is_unique_violation(exc):
+            if is_unique_violation(exc):
                 raise DuplicateMessage(thread_id, message_id) from exc
             raise
 
@@ -333,18 +334,16 @@ class SQLStore(SQLRetention):
 
     @retry_busy
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
-        items = self._schema.items
         now = _now()
         with self._tx(write=True) as conn:
             if not rows.advance_thread(conn, commit, now):
                 rows.get_thread(conn, commit.thread_id)
                 return None
             tid = commit.thread_id
-            if commit.items:
-                conn.execute(items.insert(), [item_values(tid, s) for s in commit.items])
+            rows.insert_items(conn, tid, commit.items)
             rows.upsert_calls(conn, tid, commit.calls)
             rows.finish_rows(conn, tid, commit.done, commit.rejected, commit.deferred)
-            created = [rows.insert_outbox(conn, tid, c, a, now) for c, a in commit.outbox]
+            created = rows.insert_outbox(conn, [(tid, c, a) for c, a in commit.outbox], now)
             rows.insert_timers(conn, tid, commit.timers)
             rows.cancel_timers(conn, tid, commit.cancel_timers)
             for new in commit.threads:

@@ -17,6 +17,7 @@ from sqlalchemy.sql import Select
 
 from dormant.errors import DuplicateMessage, InboxFull, UnknownThread
 from dormant.stores import sql_rows as rows
+from dormant.stores import sql_statements as statements
 from dormant.stores.base import (
     RETRIED_MARK,
     InboxRow,
@@ -113,7 +114,7 @@ class SQLRetention:
         with self._tx(write=True) as conn:
             released = [inbox_row(r) for r in conn.execute(stmt).mappings()]
             if not released:
-                rows.get_thread(conn, thread_id)
+                statements.get_thread(conn, thread_id)
         return sorted(released, key=lambda r: r.id)
 
     @retry_busy
