@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+from sqlalchemy import event
 
 from dormant import Agent, LocalSystem
 from dormant.errors import CrashPoint, MessageRejected
 from dormant.models import ScriptedModel, reply
 from dormant.stores.base import NewThread
+from dormant.stores.sql import SQLStore
 
 AGENT = Agent("calc", model=ScriptedModel(lambda items: reply("ok")))
 OTHER = Agent("other", model=ScriptedModel(lambda items: reply("ok")))
@@ -72,3 +75,28 @@ def test_a_launch_retried_after_the_thread_but_before_its_message_completes_it()
         system.run_until_idle()
         assert [r.message_id for r in system.store.inbox("thr_half")] == ["launch:thr_half"]
         assert len(system.history("thr_half")) == 2  # the text and the reply
+
+
+def test_a_database_error_inside_a_launch_leaves_no_thread_and_a_retry_launches_it(
+    tmp_path: Path,
+) -> None:
+    """The thread and its first message are one transaction: no thread without its message."""
+    with LocalSystem([AGENT], f"sqlite:///{tmp_path / 'launch.db'}") as system:
+        store = system.store
+        assert isinstance(store, SQLStore)
+        failures = ["INSERT INTO inbox"]
+
+        def fail_once(conn: object, cursor: object, statement: str, *args: object) -> None:
+            if failures and statement.startswith(failures[0]):
+                failures.clear()
+                raise RuntimeError("the database went away between the two writes")
+
+        event.listen(store._engine, "before_cursor_execute", fail_once)
+        with pytest.raises(RuntimeError, match="went away"):
+            system.launch("calc", "hi", thread_id="thr_torn")
+        assert system.threads() == []  # not a thread without its message
+
+        assert system.launch("calc", "hi", thread_id="thr_torn") == "thr_torn"
+        system.run_until_idle()
+        assert [r.message_id for r in store.inbox("thr_torn")] == ["launch:thr_torn"]
+        assert len(system.history("thr_torn")) == 2

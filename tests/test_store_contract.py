@@ -16,6 +16,7 @@ from alembic.migration import MigrationContext
 from sqlalchemy import text
 
 from dormant.errors import (
+    CallAnswered,
     DuplicateMessage,
     SubscriptionCancelled,
     ThreadClosed,
@@ -415,6 +416,42 @@ def test_enqueue_for_a_live_or_answered_call_is_accepted(store: Store, state: Ca
     assert store.inbox(info.id) == [row]
 
 
+def test_a_result_for_an_answered_call_is_refused_when_asked(store: Store) -> None:
+    info = new_thread(store)
+    with_calls(
+        store,
+        info.id,
+        record("c1", CallState.ANSWERED),
+        record("c2", CallState.ANSWERED, subscription=True),
+    )
+    first = ToolResultMessage(call_id="c1", content="ok")
+    store.enqueue(info.id, "m-1", first, Priority.BACKGROUND)  # answered_ok by default
+
+    with pytest.raises(DuplicateMessage):
+        store.enqueue(info.id, "m-1", first, Priority.BACKGROUND, answered_ok=False)
+    with pytest.raises(CallAnswered) as raised:
+        store.enqueue(info.id, "m-2", first, Priority.BACKGROUND, answered_ok=False)
+    event = ToolResultMessage(call_id="c2", content="later")
+    store.enqueue(info.id, "m-3", event, Priority.BACKGROUND, answered_ok=False)
+
+    assert (raised.value.call_id, raised.value.message_id) == ("c1", "m-2")
+    assert [r.message_id for r in store.inbox(info.id)] == ["m-1", "m-3"]
+
+
+def test_a_thread_is_created_with_its_first_messages_or_not_at_all(store: Store) -> None:
+    first = ("launch:t", UserMessage(text="hi"), Priority.INTERACTIVE)
+    info = new_thread(store, messages=[first])
+    assert [(r.message_id, r.message, r.priority, r.state) for r in store.inbox(info.id)] == [
+        (*first, InboxState.PENDING)
+    ]
+    assert [r.message_id for r in store.load(info.id).inbox] == ["launch:t"]
+
+    again = ("launch:t2", UserMessage(text="hi again"), Priority.INTERACTIVE)
+    with pytest.raises(DuplicateMessage):
+        new_thread(store, id=info.id, messages=[again])
+    assert [r.message_id for r in store.inbox(info.id)] == ["launch:t"]
+
+
 # Load and history --------------------------------------------------------------------
 
 
@@ -740,6 +777,27 @@ def test_done_and_rejected_only_finish_pending_rows(store: Store) -> None:
     store.commit(commit_from(store.load(info.id), rejected=[(row.id, "second reason")]))
 
     assert [(r.state, r.reason) for r in store.inbox(info.id)] == [("rejected", "first reason")]
+
+
+def test_one_commit_gives_each_row_its_own_fate_and_reason(store: Store) -> None:
+    info = new_thread(store)
+    rows = [enqueue(store, info.id, str(n)) for n in range(5)]
+    store.commit(
+        commit_from(
+            store.load(info.id),
+            done=[rows[0].id, rows[3].id],
+            deferred=[rows[1].id],
+            rejected=[(rows[2].id, "closed call"), (rows[4].id, "malformed")],
+        )
+    )
+
+    assert [(r.state, r.reason) for r in store.inbox(info.id)] == [
+        ("done", ""),
+        ("deferred", ""),
+        ("rejected", "closed call"),
+        ("done", ""),
+        ("rejected", "malformed"),
+    ]
 
 
 def test_inbox_seen_never_goes_back_and_usage_stays_when_not_given(store: Store) -> None:

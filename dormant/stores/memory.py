@@ -102,11 +102,11 @@ class MemoryStore(MemoryRetention):
             t.log.append(b"".join(stored.codecs().item.dump_json(s) + b"\n" for s in thread.items))
             if thread.calls:
                 t.calls = stored.pack_calls({c.call_id: c for c in thread.calls})
+            for message_id, message, priority in thread.messages:
+                self._insert_row(t, thread.id, message_id, message, priority)
             self._threads[thread.id] = t
             if thread.parent_id is not None:
                 self._children.setdefault(thread.parent_id, []).append(thread.id)
-            for message_id, message, priority in thread.messages:
-                self._insert_row(t, thread.id, message_id, message, priority)
             return info
 
     def thread(self, thread_id: str) -> ThreadInfo:

@@ -14,7 +14,13 @@ from redis.retry import Retry
 
 from dormant.messages import Chunk, ItemAdded, UserText
 from dormant.stores.base import Priority
-from dormant.stores.redis import RedisDedup, RedisEvents, RedisLease, RedisWakeMarks
+from dormant.stores.redis import (
+    RedisDedup,
+    RedisEvents,
+    RedisLease,
+    RedisSliceEnd,
+    RedisWakeMarks,
+)
 
 
 @pytest.fixture
@@ -106,4 +112,78 @@ def test_events_are_published_and_the_recent_ones_kept_without_chunks(
 
     wait_until(drained, 5, "the published events")
     assert received == ["item"] * 5 + ["chunk"]
+    pubsub.close()
+
+
+def test_a_refused_acquire_is_reported_by_the_holders_release_once(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    lease = RedisLease(redis_server, prefix)
+    token = lease.acquire("t1", 30)
+    assert token is not None
+    assert lease.release("t1", token) is False  # nobody asked meanwhile: no SQL re-check
+    token = lease.acquire("t1", 30)
+    assert token is not None
+    assert lease.acquire("t1", 30) is None  # a slice woken meanwhile ends at once...
+    assert lease.release("t1", token) is True  # ...and its holder is told to drain
+    token = lease.acquire("t1", 30)
+    assert token is not None
+    assert lease.release("t1", token) is False  # the refusal was consumed
+
+
+def test_taking_the_lease_clears_the_wake_mark_even_when_refused(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    marks = RedisWakeMarks(redis_server, prefix, ttl_s=30)
+    lease = RedisLease(redis_server, prefix, wake_marks=marks)
+    assert marks.claim("t1", Priority.BACKGROUND)
+    token = lease.acquire("t1", 30)
+    assert token is not None
+    assert marks.claim("t1", Priority.BACKGROUND)  # the started slice no longer suppresses
+    assert lease.acquire("t1", 30) is None
+    assert marks.claim("t1", Priority.BACKGROUND)
+
+
+def test_a_slice_ends_in_one_round_trip_with_each_event_its_own_message(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    lease = RedisLease(redis_server, prefix)
+    dedup = RedisDedup(redis_server, prefix, ttl_s=60)
+    events = RedisEvents(redis_server, prefix, keep=10)
+    ending = RedisSliceEnd(redis_server, lease, dedup, events)
+    pubsub = redis_server.pubsub()
+    pubsub.subscribe(events.channel("t1"))
+    wait_until(lambda: pubsub.get_message(timeout=0.1), 5, "the subscription")
+    token = lease.acquire("t1", 30)
+    assert token is not None
+    sent = [
+        Chunk(thread_id="t1", text="tail"),
+        ItemAdded(thread_id="t1", seq=1, item=UserText(text="hi")),
+        ItemAdded(thread_id="t1", seq=2, item=UserText(text="there")),
+    ]
+    round_trips: list[int] = []
+    execute = redis.client.Pipeline.execute
+
+    def counted(pipe: redis.client.Pipeline, raise_on_error: bool = True) -> list[object]:
+        round_trips.append(len(pipe.command_stack))
+        return execute(pipe, raise_on_error)
+
+    redis.client.Pipeline.execute = counted  # type: ignore[method-assign]
+    try:
+        refused = ending.end("t1", token, ["m1"], sent)
+    finally:
+        redis.client.Pipeline.execute = execute  # type: ignore[method-assign]
+
+    assert refused is False and len(round_trips) == 1
+    assert not lease.held("t1") and dedup.seen("t1", "m1")
+    assert [e.seq for e in events.recent("t1") if isinstance(e, ItemAdded)] == [1, 2]
+    received: list[str] = []
+
+    def drained() -> bool:
+        while (message := pubsub.get_message()) is not None:
+            received.append(json.loads(message["data"])["kind"])
+        return len(received) >= 3
+
+    wait_until(drained, 5, "the published events")
+    assert received == ["chunk", "item", "item"]
     pubsub.close()
