@@ -198,10 +198,11 @@ class RedisWakeMarks:
     The mark holds the highest priority queued. ``claim`` (a Lua compare-and-set) admits a
     wake only if nothing as urgent is queued: twenty tool results send one slice, but user
     text arriving behind them still sends its own to the interactive queue instead of
-    waiting behind the background backlog. The slice task clears the mark before it loads the
-    inbox (``RedisLease.acquire`` does, in the same call), so a message committed before a
-    suppressed wake is always seen by a queued slice at least as urgent. A mark expires after ``ttl_s``, so a task the broker lost is re-sent
-    by the sweeper after at most that long. On a Redis failure every wake is sent:
+    waiting behind the background backlog. The slice task clears the mark before it loads
+    the inbox (``RedisLease.acquire`` does, in the same call), so a message committed before
+    a suppressed wake is always seen by a queued slice at least as urgent. A mark expires
+    after ``ttl_s``, so a task the broker lost is re-sent by the sweeper after at most that
+    long. On a Redis failure every wake is sent:
     duplicates are harmless, silence is not.
     """
 
