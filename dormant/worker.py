@@ -16,13 +16,14 @@ Celery is imported here and in ``tasks.py`` only.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from celery import Celery
-from celery.signals import celeryd_init, worker_init
+from celery.signals import celeryd_init, worker_init, worker_ready
 from celery.utils.imports import cwd_in_path
 from kombu.entity import Exchange, Queue
 
@@ -57,6 +58,8 @@ __all__ = [
     "run_beat",
     "run_worker",
 ]
+
+_log = logging.getLogger("dormant.worker")
 
 QUEUE_INTERACTIVE = "dormant.interactive"
 """Slices woken by user text."""
@@ -252,12 +255,33 @@ def install(
         except ConfigurationError as error:
             raise SystemExit(f"error: {error}") from None
 
+    def warm_up(sender: Any = None, **_: Any) -> None:
+        """Build the runtime (the SQL store's imports, its engine, Redis) as soon as the
+        worker is ready, on a thread, rather than inside its first slice. Only for the pools
+        that run tasks in this process: a prefork child builds its own after the fork."""
+        if getattr(sender, "app", None) is not celery_app:
+            return
+        if type(getattr(sender, "pool", None)).__module__ not in _IN_PROCESS_POOLS:
+            return
+        threading.Thread(target=_warm, args=(runtime,), name="dormant-warm-up", daemon=True).start()
+
     if celery_app.configured:
         add_routing()
     else:
         celery_app.on_after_configure.connect(add_routing, weak=False)
     celeryd_init.connect(before_worker, weak=False)
     worker_init.connect(refuse_without_secret, weak=False)
+    worker_ready.connect(warm_up, weak=False)
+
+
+_IN_PROCESS_POOLS = frozenset({"celery.concurrency.thread", "celery.concurrency.solo"})
+
+
+def _warm(runtime: Callable[[], object]) -> None:
+    try:
+        runtime()
+    except Exception:  # the first task raises it again, where it is reported
+        _log.warning("building the dormant runtime ahead of the first task failed", exc_info=True)
 
 
 def _settings_resolver(settings: SettingsSource) -> Callable[[], Settings]:
