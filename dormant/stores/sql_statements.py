@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, case, select, update
+from sqlalchemy import Connection, and_, case, select, update
 
 from dormant.errors import (
     CallAnswered,
@@ -233,19 +233,27 @@ def check_inbound(
     ``answered_ok``, a result for a call that has its result (not a subscription) is refused:
     ``DuplicateMessage`` if it is that result again, else ``CallAnswered``."""
     t = tables(conn)
-    calls, inbox = t.calls, t.inbox
-    if get_thread(conn, thread_id, share=True).status is ThreadStatus.CLOSED:
-        raise ThreadClosed(thread_id)
+    threads, calls, inbox = t.threads, t.calls, t.inbox
     if isinstance(message, UserMessage):
+        if get_thread(conn, thread_id, share=True).status is ThreadStatus.CLOSED:
+            raise ThreadClosed(thread_id)
         return
-    found = conn.execute(
-        select(calls.c.state, calls.c.subscription).where(
-            calls.c.thread_id == thread_id, calls.c.call_id == message.call_id
-        )
-    ).first()
+    # The thread (locked against a concurrent close) and the call, in one round trip.
+    its_call = and_(calls.c.thread_id == threads.c.id, calls.c.call_id == message.call_id)
+    query = (
+        select(threads.c.status, calls.c.state, calls.c.subscription)
+        .select_from(threads.outerjoin(calls, its_call))
+        .where(threads.c.id == thread_id)
+        .with_for_update(read=True, of=threads)
+    )
+    found = conn.execute(query).first()
     if found is None:
+        raise UnknownThread(thread_id)
+    status, state, subscription = found
+    if status == ThreadStatus.CLOSED.value:
+        raise ThreadClosed(thread_id)
+    if state is None:
         raise UnknownCall(thread_id, message.call_id)
-    state, subscription = found
     if state == CallState.CANCELLED.value:
         raise SubscriptionCancelled(thread_id, message.call_id)
     if answered_ok or state != CallState.ANSWERED.value or subscription:
