@@ -143,24 +143,24 @@ def finish_rows(
     deferred: list[int],
 ) -> None:
     """Mark a slice's inbox rows done, rejected or deferred, in one statement; finished rows
-    stay as they are."""
+    stay as they are. Only a rejection writes a reason: a done or deferred row keeps its own
+    (a row retried after quarantine stays marked ``RETRIED_MARK``)."""
     inbox = tables(conn).inbox
-    fates = {row_id: (InboxState.DONE.value, "") for row_id in done}
-    fates |= {row_id: (InboxState.DEFERRED.value, "") for row_id in deferred}
-    fates |= {row_id: (InboxState.REJECTED.value, reason) for row_id, reason in rejected}
-    if not fates:
+    states = {row_id: InboxState.DONE.value for row_id in done}
+    states |= {row_id: InboxState.DEFERRED.value for row_id in deferred}
+    states |= {row_id: InboxState.REJECTED.value for row_id, _ in rejected}
+    if not states:
         return
-    if len(fates) == 1:
-        ((state, reason),) = fates.values()
-        new_state: Any = state
-        new_reason: Any = reason
-    else:
-        new_state = case({i: s for i, (s, _) in fates.items()}, value=inbox.c.id)
-        reasons = {i: r for i, (_, r) in fates.items() if r}
-        new_reason = case(reasons, value=inbox.c.id, else_=inbox.c.reason) if reasons else ""
+    new_state: Any = (
+        next(iter(states.values())) if len(states) == 1 else case(states, value=inbox.c.id)
+    )
+    reasons = dict(rejected)
+    new_reason: Any = (
+        case(reasons, value=inbox.c.id, else_=inbox.c.reason) if reasons else inbox.c.reason
+    )
     conn.execute(
         update(inbox)
-        .where(inbox.c.id.in_(list(fates)), inbox.c.thread_id == thread_id, is_open(inbox))
+        .where(inbox.c.id.in_(list(states)), inbox.c.thread_id == thread_id, is_open(inbox))
         .values(state=new_state, reason=new_reason)
     )
 
