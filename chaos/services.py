@@ -53,8 +53,13 @@ class OwnRedis:
 
     def start(self, timeout_s: float = 30.0) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        log = (self.directory / "redis.log").open("ab")
-        self.process = subprocess.Popen(
+        with (self.directory / "redis.log").open("ab") as log:
+            self.process = self._spawn(log)
+        self.paused = False
+        _wait(self.ping, timeout_s, f"redis-server on port {self.port}")
+
+    def _spawn(self, log: object) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(
             [
                 "redis-server",
                 "--port",
@@ -70,11 +75,9 @@ class OwnRedis:
                 "--maxclients",
                 "2000",
             ],
-            stdout=log,
+            stdout=log,  # type: ignore[arg-type]
             stderr=subprocess.STDOUT,
         )
-        self.paused = False
-        _wait(self.ping, timeout_s, f"redis-server on port {self.port}")
 
     def ping(self) -> bool:
         client = redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=1)
