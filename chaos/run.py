@@ -114,10 +114,9 @@ class Driver:
                         return
 
                     def send(thread_id: str = thread_id, n: int = n) -> None:
-                        try:
+                        # DuplicateMessage: stored by an earlier try whose answer was lost.
+                        with contextlib.suppress(DuplicateMessage):
                             client.send(thread_id, f"u{n}", message_id=f"u{n}")
-                        except DuplicateMessage:
-                            pass  # stored by an earlier try whose answer was lost
 
                     retry(send, self.stop)
                     self.sent[thread_id].append(f"u{n}")
@@ -143,10 +142,9 @@ class Driver:
                     call_id = url.rsplit("/", 2)[-1].split("?")[0]
 
                     def deliver(url: str = url, call_id: str = call_id) -> None:
-                        try:
+                        # Stored already, or answered by a re-run's second URL.
+                        with contextlib.suppress(DuplicateMessage, MessageRejected):
                             client.deliver_callback(url, "job done", message_id=f"job:{call_id}")
-                        except (DuplicateMessage, MessageRejected):
-                            pass  # stored already, or answered by a re-run's duplicate URL
 
                     retry(deliver, self.stop)
                     self.messages += 1
@@ -196,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]cannot run: {why}")
         return 2
     work = Path(tempfile.mkdtemp(prefix="dormant-chaos-"))
+    work.chmod(0o755)  # the cluster's user (postgres, when run as root) must reach its files
     rng = random.Random(seed)
     own = OwnRedis(work / "redis")
     stats_server = OwnRedis(work / "stats")
