@@ -91,7 +91,8 @@ class Cluster:
                 else:
                     self._start_worker()
 
-    def inject(self, kind: str) -> None:
+    def inject(self, kind: str) -> bool:
+        """Inject one fault of ``kind``; False if there was nothing to hit (an empty queue)."""
         self.check_alive()
         match kind:
             case "worker SIGKILL":
@@ -118,10 +119,11 @@ class Cluster:
                 self.postgres.start()
             case "broker dropped a task":
                 if not self._drop_a_task():
-                    return  # nothing queued to drop: not counted
+                    return False  # nothing queued to drop: not counted
             case _:
                 raise ValueError(f"unknown fault {kind!r}")
         self.faults[kind] += 1
+        return True
 
     def _kill(self, name: str) -> None:
         proc = self.procs.pop(name)

@@ -15,8 +15,10 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO
 
 import redis
 
@@ -29,10 +31,10 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def _wait(predicate: object, timeout_s: float, what: str) -> None:
+def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if predicate():  # type: ignore[operator]
+        if predicate():
             return
         time.sleep(0.05)
     raise TimeoutError(f"timed out after {timeout_s:.0f} s waiting for {what}")
@@ -58,7 +60,7 @@ class OwnRedis:
         self.paused = False
         _wait(self.ping, timeout_s, f"redis-server on port {self.port}")
 
-    def _spawn(self, log: object) -> subprocess.Popen[bytes]:
+    def _spawn(self, log: BinaryIO) -> subprocess.Popen[bytes]:
         return subprocess.Popen(
             [
                 "redis-server",
@@ -75,7 +77,7 @@ class OwnRedis:
                 "--maxclients",
                 "2000",
             ],
-            stdout=log,  # type: ignore[arg-type]
+            stdout=log,
             stderr=subprocess.STDOUT,
         )
 
