@@ -25,8 +25,10 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -81,92 +83,113 @@ class Driver:
     sent: dict[str, list[str]] = field(default_factory=dict)
     """thread id -> user message ids sent, in order."""
     messages: int = 0
-    errors: list[BaseException] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+    _local: threading.local = field(default_factory=threading.local)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def client(self) -> Any:
+        """This thread's client (each driver thread has one, as separate processes would)."""
         from dormant.client import Client
 
-        return Client.from_env(self.env)
+        client = getattr(self._local, "client", None)
+        if client is None:
+            client = self._local.client = Client.from_env(self.env)
+        return client
 
-    def launch_all(self, agents: int, on_sent: Callable[[], None]) -> None:
-        client = self.client()
+    def _attempt(self, what: str, action: Callable[[], object]) -> bool:
+        """``action`` retried through faults; a final failure is a driver error, noted."""
         try:
-            for k in range(agents):
-                thread_id = f"thr_chaos{k:05d}"
+            retry(action, self.stop)
+            return True
+        except Exception as error:
+            text = "".join(traceback.format_exception(error))[-1200:]
+            with self._lock:
+                self.errors.append(f"{what}: {text}")
+            return False
 
-                def launch(thread_id: str = thread_id) -> str:
-                    return str(client.launch("chaos", "u0", thread_id=thread_id, message_id="u0"))
+    def _counted(self, on_sent: Callable[[], None]) -> None:
+        with self._lock:
+            self.messages += 1
+        on_sent()
 
-                retry(launch, self.stop)
+    def launch_all(
+        self, agents: int, on_sent: Callable[[], None], pool: ThreadPoolExecutor
+    ) -> None:
+        def launch(k: int) -> None:
+            thread_id = f"thr_chaos{k:05d}"
+            with self._lock:
                 self.sent[thread_id] = ["u0"]
-                self.messages += 1
-                on_sent()
-        finally:
-            client.close()
+            ok = self._attempt(
+                f"launch {thread_id}",
+                lambda: self.client().launch("chaos", "u0", thread_id=thread_id, message_id="u0"),
+            )
+            if ok:
+                self._counted(on_sent)
 
-    def send_more(self, rounds: int, gap_s: float, on_sent: Callable[[], None]) -> None:
+        list(pool.map(launch, range(agents)))
+
+    def send_more(
+        self, rounds: int, gap_s: float, on_sent: Callable[[], None], pool: ThreadPoolExecutor
+    ) -> None:
         from dormant.errors import DuplicateMessage
 
-        client = self.client()
-        try:
-            for n in range(1, rounds + 1):
-                for thread_id in list(self.sent):
-                    if self.stop.wait(gap_s):
-                        return
+        def send(thread_id: str, n: int) -> None:
+            if self.stop.wait(gap_s):
+                return
 
-                    def send(thread_id: str = thread_id, n: int = n) -> None:
-                        # DuplicateMessage: stored by an earlier try whose answer was lost.
-                        with contextlib.suppress(DuplicateMessage):
-                            client.send(thread_id, f"u{n}", message_id=f"u{n}")
+            def once() -> None:
+                # DuplicateMessage: stored by an earlier try whose answer was lost.
+                with contextlib.suppress(DuplicateMessage):
+                    self.client().send(thread_id, f"u{n}", message_id=f"u{n}")
 
-                    retry(send, self.stop)
+            if self._attempt(f"send u{n} to {thread_id}", once):
+                with self._lock:
                     self.sent[thread_id].append(f"u{n}")
-                    self.messages += 1
-                    on_sent()
-        finally:
-            client.close()
+                self._counted(on_sent)
+
+        for n in range(1, rounds + 1):  # round by round: each thread's texts stay in order
+            list(pool.map(lambda t, n=n: send(t, n), sorted(self.sent)))
 
     def answer(self, until: threading.Event) -> None:
-        """Deliver every job's result and two events per subscription, until ``until``."""
+        """Deliver jobs' results and two events per subscription, until ``until`` is set and
+        nothing is left to answer."""
         from dormant.errors import DuplicateMessage, MessageRejected
 
-        client = self.client()
-        try:
-            while not (until.is_set() and self._nothing_to_answer()):
+        while not (until.is_set() and self._nothing_to_answer()):
+            try:
                 job = self.stats.lpop(CALLBACKS)
                 sub = self.stats.lpop(SUBSCRIPTIONS)
-                if job is None and sub is None:
-                    time.sleep(0.1)
-                    continue
-                if job is not None:
-                    url = str(job)
-                    call_id = url.rsplit("/", 2)[-1].split("?")[0]
+            except redis.RedisError:
+                job = sub = None
+            if job is None and sub is None:
+                time.sleep(0.1)
+                continue
+            if job is not None:
+                url = str(job)
+                call_id = url.rsplit("/", 2)[-1].split("?")[0]
 
-                    def deliver(url: str = url, call_id: str = call_id) -> None:
-                        # Stored already, or answered by a re-run's second URL.
+                def deliver(url: str = url, call_id: str = call_id) -> None:
+                    # Stored already, or answered by a re-run's second URL.
+                    with contextlib.suppress(DuplicateMessage, MessageRejected):
+                        self.client().deliver_callback(url, "job done", message_id=f"job:{call_id}")
+
+                if self._attempt(f"deliver job {call_id}", deliver):
+                    self._counted(lambda: None)
+            if sub is not None:
+                thread_id, call_id = str(sub).split()
+                for k, associative in ((1, True), (2, False)):
+
+                    def event(
+                        t: str = thread_id, c: str = call_id, k: int = k, a: bool = associative
+                    ) -> None:
                         with contextlib.suppress(DuplicateMessage, MessageRejected):
-                            client.deliver_callback(url, "job done", message_id=f"job:{call_id}")
+                            self.client().send_event(
+                                t, c, f"event {k}", associative=a, message_id=f"ev{k}:{c}"
+                            )
 
-                    retry(deliver, self.stop)
-                    self.messages += 1
-                if sub is not None:
-                    thread_id, call_id = str(sub).split()
-                    for k, associative in ((1, True), (2, False)):
-
-                        def event(
-                            t: str = thread_id, c: str = call_id, k: int = k, a: bool = associative
-                        ) -> None:
-                            with contextlib.suppress(DuplicateMessage, MessageRejected):
-                                client.send_event(
-                                    t, c, f"event {k}", associative=a, message_id=f"ev{k}:{c}"
-                                )
-
-                        retry(event, self.stop)
-                        self.messages += 1
-        except BaseException as error:
-            self.errors.append(error)
-        finally:
-            client.close()
+                    if self._attempt(f"event {k} on {call_id}", event):
+                        self._counted(lambda: None)
 
     def _nothing_to_answer(self) -> bool:
         try:
@@ -270,18 +293,23 @@ def _run(
         def sent() -> None:
             progress.advance(sending)
 
-        answerer = threading.Thread(target=driver.answer, args=(senders_done,), daemon=True)
-        answerer.start()
+        answerers = [
+            threading.Thread(target=driver.answer, args=(senders_done,), daemon=True)
+            for _ in range(4)
+        ]
+        for answerer in answerers:
+            answerer.start()
+        pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="sender")
 
         def send_all() -> None:
             try:
-                driver.launch_all(args.agents, sent)
+                driver.launch_all(args.agents, sent, pool)
                 # Spread the later rounds over the fault schedule.
                 fault_time_s = args.faults * (args.fault_gap_s + 0.8)
-                gap_s = fault_time_s / max(1, args.agents * args.rounds)
-                driver.send_more(args.rounds, min(gap_s, 0.5), sent)
+                gap_s = 8 * fault_time_s / max(1, args.agents * args.rounds)
+                driver.send_more(args.rounds, min(gap_s, 2.0), sent, pool)
             except BaseException as error:
-                driver.errors.append(error)
+                driver.errors.append(f"sender: {error!r}")
 
         sender = threading.Thread(target=send_all, daemon=True)
         sender.start()
@@ -308,14 +336,16 @@ def _run(
             tick=lambda: progress.advance(quiet),
         )
         stop.set()
-        answerer.join(timeout=30)
+        for answerer in answerers:
+            answerer.join(timeout=30)
+        pool.shutdown(wait=False, cancel_futures=True)
     verdict.faults = Counter(cluster.faults)
     verdict.messages_sent = driver.messages
     verdict.slices = int(stats.get(SLICES) or 0)
     verdict.tool_runs = int(stats.get(TOOL_RUNS) or 0)
     verdict.quiesce_s = verdict.quiesced_at - last_fault if verdict.quiesced_at else None
     verdict.total_s = time.monotonic() - started
-    verdict.driver_errors = [repr(e) for e in driver.errors]
+    verdict.driver_errors = list(driver.errors)
     verdict.worker_exits = cluster.unexpected_exits
     return verdict
 

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from chaos.agents import CALLBACKS, SUBSCRIPTIONS
 from chaos.faults import Cluster
 
 __all__ = ["Verdict", "judge"]
@@ -82,6 +83,11 @@ def _quiet(store: Any) -> bool:
     return all(n == 0 for n in row)
 
 
+def _to_answer(cluster: Cluster) -> int:
+    """Jobs and subscriptions the driver has yet to answer."""
+    return int(cluster.stats.llen(CALLBACKS)) + int(cluster.stats.llen(SUBSCRIPTIONS))
+
+
 def judge(
     env: dict[str, str],
     sent: dict[str, list[str]],
@@ -102,7 +108,7 @@ def judge(
             cluster.check_alive()
             tick()
             try:
-                if _quiet(store) and not cluster.stats.llen("chaos:callbacks"):
+                if _quiet(store) and not _to_answer(cluster):
                     verdict.quiesced_at = time.monotonic()
                     break
             except Exception:
