@@ -97,6 +97,7 @@ def judge(
     tick: Callable[[], None],
 ) -> Verdict:
     from dormant.check import check_store
+    from dormant.errors import UnknownThread
     from dormant.messages import UserText
     from dormant.stores.sql import SQLStore
 
@@ -125,7 +126,11 @@ def judge(
         if verdict.quiesced_at is None:
             verdict.stuck.append(f"the system did not quiesce within {timeout_s:.0f} s")
         for thread_id, message_ids in sent.items():
-            stored = store.own_items(thread_id)
+            try:
+                stored = store.own_items(thread_id)
+            except UnknownThread:
+                verdict.lost.append(f"{thread_id}: never created (see the driver errors)")
+                continue
             applied = [s.message_id for s in stored if isinstance(s.item, UserText)]
             if applied != message_ids:
                 verdict.lost.append(f"{thread_id}: user messages {applied}, sent {message_ids}")
