@@ -4,8 +4,8 @@
 tool runs; the sweeper sends again a row whose claim lapsed (its worker died, or its task
 was lost with a flushed broker) instead of waiting for the broker's visibility timeout.
 
-Revision ID: 0002
-Revises: 0001
+Revision ID: 0003
+Revises: 0002
 Create Date: 2026-11-30
 """
 
@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import context, op
 
-revision: str = "0002"
-down_revision: str | Sequence[str] | None = "0001"
+revision: str = "0003"
+down_revision: str | Sequence[str] | None = "0002"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
