@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import faulthandler
 import logging
 import random
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,6 +45,8 @@ from chaos.services import OwnPostgres, OwnRedis, available
 from chaos.verdict import Verdict, judge
 
 ROOT = Path(__file__).resolve().parent.parent
+SENDER_GRACE_S = 180.0
+"""How long the senders may still take after the last fault before the run calls them hung."""
 T = TypeVar("T")
 
 CHAOS_SETTINGS = {
@@ -213,6 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     if why:
         console.print(f"[red]cannot run: {why}")
         return 2
+    # SIGTERM (a test's timeout) stops the run through its cleanup: no server left behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     work = Path(tempfile.mkdtemp(prefix="dormant-chaos-"))
     work.chmod(0o755)  # the cluster's user (postgres, when run as root) must reach its files
     rng = random.Random(seed)
@@ -315,7 +321,15 @@ def _run(
             elif misses < args.faults:  # nothing to hit now: try that kind again later
                 misses += 1
                 kinds.append(kind)
-        sender.join()
+        sender.join(timeout=SENDER_GRACE_S)
+        if sender.is_alive():  # a client call that never returns: a finding, not a hang
+            stacks = cluster.log_dir / "driver-stacks.txt"
+            with stacks.open("w") as out:
+                faulthandler.dump_traceback(out, all_threads=True)
+            driver.errors.append(
+                f"the senders were still blocked {SENDER_GRACE_S:.0f} s after the last fault "
+                f"({driver.messages} messages sent); their stacks are in {stacks}"
+            )
         last_fault = time.monotonic()
         quiet = progress.add_task("waiting to quiesce", total=None)
         senders_done.set()
