@@ -168,11 +168,13 @@ class OwnPostgres:
             shutil.chown(self.directory, "postgres", "postgres")
         initdb = ("-D", str(self.data), "-U", "postgres", "-A", "trust", "--no-sync", "-E", "UTF8")
         subprocess.run(_pg("initdb", *initdb), check=True, capture_output=True)
+        # fsync off is safe here (a crash kills processes, never the OS); synchronous_commit
+        # must stay on: off, an immediate stop loses commits the clients were told of.
         with (self.data / "postgresql.conf").open("a") as conf:
             conf.write(
                 f"\nport = {self.port}\nlisten_addresses = '127.0.0.1'\n"
                 f"unix_socket_directories = '{self.directory}'\nmax_connections = 300\n"
-                "fsync = off\nsynchronous_commit = off\nfull_page_writes = off\n"
+                "fsync = off\nfull_page_writes = off\n"
                 "shared_buffers = 64MB\n"
             )
 
