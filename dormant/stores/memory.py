@@ -23,7 +23,7 @@ import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from dormant.errors import (
@@ -334,7 +334,8 @@ class MemoryStore(MemoryRetention):
     def claim_outbox(self, outbox_id: int, until: datetime) -> bool:
         with self._lock:
             row = self._outbox.get(outbox_id)
-            if row is None or (row.claimed_until is not None and row.claimed_until >= _now()):
+            live = row is not None and row.claimed_until is not None
+            if row is None or (live and row.claimed_until >= datetime.now(UTC)):  # type: ignore[operator]
                 return False
             self._outbox[outbox_id] = replace(row, claimed_until=until)
             return True
