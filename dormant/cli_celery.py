@@ -39,13 +39,15 @@ def worker(
     if agents:
         settings = settings.with_(agents_module=agents)
     names = [q.strip() for q in queues.split(",") if q.strip()]
-    run_worker(
+    code = run_worker(
         settings,
         concurrency=concurrency,
         queues=names,
         loglevel=loglevel,
         hostname=hostname or None,
     )
+    if code:
+        raise typer.Exit(code)  # a lost worker exits non-zero, so supervisors restart it
 
 
 def beat(loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info") -> None:

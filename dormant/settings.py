@@ -28,6 +28,9 @@ ENV_NAMES = {
     "sweep_interval_s": "DORMANT_SWEEP_INTERVAL_S",
     "outbox_grace_s": "DORMANT_OUTBOX_GRACE_S",
     "visibility_timeout_s": "DORMANT_VISIBILITY_TIMEOUT_S",
+    "tool_claim_ttl_s": "DORMANT_TOOL_CLAIM_TTL_S",
+    "tool_start_timeout_s": "DORMANT_TOOL_START_TIMEOUT_S",
+    "hand_in_timeout_s": "DORMANT_HAND_IN_TIMEOUT_S",
     "broker_key_prefix": "DORMANT_BROKER_KEY_PREFIX",
     "max_message_bytes": "DORMANT_MAX_MESSAGE_BYTES",
     "model_attempts": "DORMANT_MODEL_ATTEMPTS",
@@ -112,7 +115,20 @@ class Settings:
     """Redis broker: an unacknowledged task is redelivered after this long, so it must
     exceed the longest slice or tool run (a dead worker's tasks come back after it). On any
     broker, a tool task not run this long (plus ``outbox_grace_s``) after its dispatch is
-    presumed lost and re-dispatched by the sweeper."""
+    presumed lost and re-dispatched by the sweeper (``tool_start_timeout_s`` shortens
+    that for tool tasks, and a started run is tracked by its claim)."""
+    tool_claim_ttl_s: float = 30.0
+    """A running tool task renews its outbox row's claim in SQL every third of this; a
+    claim not renewed this long means the run died (a killed worker), and the sweeper sends
+    the row again: lost tool work never waits for the broker's visibility timeout."""
+    tool_start_timeout_s: float = 300.0
+    """A tool task sent this long ago that no worker has started was lost by the broker (a
+    flushed or restarted Redis): the sweeper sends it again. A copy still queued behind a
+    backlog finds the row claimed or ran and does nothing, so this only trades duplicate
+    sends against the delay before lost work is re-sent."""
+    hand_in_timeout_s: float = 120.0
+    """How long a finished tool keeps retrying, with backoff, to hand its result in while
+    the database or Redis is unreachable; past it the run fails and the sweeper re-runs it."""
     broker_key_prefix: str = ""
     """Redis broker: a prefix for every key Celery uses (kombu's ``global_keyprefix``), so
     several deployments (or test runs) can share one Redis database. Refused with another
@@ -136,6 +152,8 @@ class Settings:
             )
         if self.lease_ttl_s <= 0 or self.sweep_interval_s <= 0:
             raise ConfigurationError("lease_ttl_s and sweep_interval_s must be positive")
+        if self.tool_claim_ttl_s <= 0 or self.tool_start_timeout_s <= 0:
+            raise ConfigurationError("tool_claim_ttl_s and tool_start_timeout_s must be positive")
         if self.max_message_bytes < 1024:
             raise ConfigurationError("max_message_bytes must be at least 1024")
 

@@ -24,14 +24,19 @@ def sweep_once(
     grace_s: float,
     lost_after_s: float,
 ) -> bool:
-    """Fire due timers; re-dispatch outbox rows never dispatched after ``grace_s``, and
-    rows dispatched ``lost_after_s`` ago that no worker ran (the broker lost the task);
-    re-wake threads with unapplied inbox rows, no live lease and no pending backoff.
-    True if anything was done."""
+    """Fire due timers; re-dispatch outbox rows whose run stopped renewing its claim (its
+    worker died), rows never dispatched after ``grace_s``, and rows dispatched
+    ``lost_after_s`` ago that no worker started (the broker lost the task); re-wake threads
+    with unapplied inbox rows, no live lease and no pending backoff. True if anything was
+    done."""
     woke = False
     for row in store.fire_due_timers(now):
         dispatcher.wake(row.thread_id, row.priority)
         woke = True
+    for lapsed in store.expired_claims(now):
+        if store.reclaim_outbox(lapsed.id, now):  # one sweeper wins each row
+            dispatcher.dispatch(lapsed)
+            woke = True
     lost_before = now - timedelta(seconds=lost_after_s)
     for outbox in store.undispatched(now - timedelta(seconds=grace_s), lost_before=lost_before):
         dispatcher.dispatch(outbox)

@@ -56,6 +56,7 @@ from dormant.stores.redis import (
     wake_mark_ttl_s,
 )
 from dormant.sweeper import sweep_once
+from dormant.tools.claims import held_claim
 from dormant.tools.runner import execute_outbox
 from dormant.worker import (
     PRUNE_TASK,
@@ -222,16 +223,27 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
     def tool_task(thread_id: str, call_id: str, outbox_id: int, action: str = "tool") -> str:
         rt = runtime()
         row = OutboxRow(outbox_id, thread_id, call_id, action, datetime.now(UTC))
-        try:
-            client = rt.client
-            execute_outbox(
-                row, rt.store, rt.deps.agents, client, client.callback_url, rt.deps.crash
-            )
-        except CrashPoint as crash:
-            _die(crash.name)
-        except NotFound as error:
-            log.warning("outbox row %d not run: %s", outbox_id, error)
-            return "missing"
+        # The claim's heartbeat, not the broker, tells the sweeper this run is alive.
+        with held_claim(rt.store, outbox_id, rt.settings.tool_claim_ttl_s) as claimed:
+            if not claimed:
+                return "skipped: the row ran or another run holds it"
+            try:
+                client = rt.client
+                execute_outbox(
+                    row,
+                    rt.store,
+                    rt.deps.agents,
+                    client,
+                    client.callback_url,
+                    rt.deps.crash,
+                    hand_in_timeout_s=rt.settings.hand_in_timeout_s,
+                )
+            except CrashPoint as crash:
+                _die(crash.name)
+            except NotFound as error:
+                log.warning("outbox row %d not run: %s", outbox_id, error)
+                rt.store.mark_ran([outbox_id])
+                return "missing"
         return "done"
 
     # Every sweep_interval_s: no task events (it would be most of Flower's rows) and no
@@ -241,9 +253,11 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
         rt = runtime()
         now = datetime.now(UTC)
         settings = rt.settings
-        # A tool task unacknowledged this long was redelivered by the broker if a worker
-        # died; one still not run after that was lost (a flushed or failed-over broker).
-        lost_after_s = settings.visibility_timeout_s + settings.outbox_grace_s
+        # A tool task no worker started this long after its dispatch was lost by the broker
+        # (a flushed or restarted Redis); a started one that died is found by its claim.
+        lost_after_s = min(
+            settings.tool_start_timeout_s, settings.visibility_timeout_s + settings.outbox_grace_s
+        )
         woke = sweep_once(
             rt.store, rt.deps.lease, rt.dispatcher, now, settings.outbox_grace_s, lost_after_s
         )

@@ -157,7 +157,12 @@ def celery_config(settings: Settings) -> dict[str, Any]:
     """The configuration baseline of DESIGN section 7, for an app dormant owns."""
     return {
         "broker_url": settings.broker_url,
+        **_broker_transport(settings.broker_url),
+        # A worker rides out a broker restart or outage of any length: it reconnects for
+        # ever (Celery's default gives up after 100 tries and the worker exits).
         "broker_connection_retry_on_startup": True,
+        "broker_connection_retry": True,
+        "broker_connection_max_retries": None,
         "broker_transport_options": broker_transport_options(settings),
         # JSON only: a message is data, never code.
         "task_serializer": "json",
@@ -186,6 +191,16 @@ def celery_config(settings: Settings) -> dict[str, Any]:
         # which pickles).
         "beat_scheduler": "celery.beat:Scheduler",
     }
+
+
+def _broker_transport(broker_url: str) -> dict[str, Any]:
+    """``dormant.broker``'s Redis transport for a plain ``redis://`` broker (it survives a
+    broker lost with tasks in flight; see its docstring); others keep kombu's choice."""
+    if urlsplit(broker_url.split(";")[0]).scheme == "redis":
+        from dormant.broker import TRANSPORT
+
+        return {"broker_transport": TRANSPORT}
+    return {}
 
 
 def create_app(settings: Settings | None = None, agents: AgentSource = None) -> Celery:
@@ -431,13 +446,17 @@ def run_worker(
     queues: Sequence[str] = QUEUES,
     loglevel: str = "info",
     hostname: str | None = None,
-) -> None:
-    """Run a Celery worker in this process with the threads pool (slices wait on I/O)."""
+) -> int:
+    """Run a Celery worker in this process with the threads pool (slices wait on I/O);
+    returns its exit code (non-zero when it stopped on an error)."""
     argv = ["worker", "-P", "threads", "-c", str(concurrency), "-l", loglevel]
     argv += ["-Q", ",".join(queues)]
     if hostname:
         argv += ["-n", hostname]
-    create_app(settings, agents).worker_main(argv)
+    # Celery's worker_main drops the worker's exit code (app.start returns it): a worker
+    # stopped by an unrecoverable error would exit 0 and no supervisor would restart it.
+    code = create_app(settings, agents).start(argv)
+    return int(code or 0)
 
 
 def run_beat(settings: Settings, *, loglevel: str = "info") -> None:

@@ -149,6 +149,8 @@ class OutboxRow:
     dispatched_at: datetime | None = None
     ran_at: datetime | None = None
     """When a worker ran it; a row dispatched long ago that never ran was lost by the broker."""
+    claimed_until: datetime | None = None
+    """The running task's heartbeat: while it is in the future a live run holds the row."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +382,23 @@ class SweepStore(Protocol):
 
     def mark_ran(self, outbox_ids: list[int]) -> None:
         """A worker ran these rows: they are never dispatched again."""
+        ...
+
+    def claim_outbox(self, outbox_id: int, until: datetime) -> bool:
+        """A tool task starts the row, held until ``until``; False if the row ran or a live
+        run holds it."""
+        ...
+
+    def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
+        """The running task's heartbeat; False once the row ran."""
+        ...
+
+    def expired_claims(self, now: datetime, limit: int = 100) -> list[OutboxRow]:
+        """Rows whose run stopped renewing its claim before ``now`` and never finished."""
+        ...
+
+    def reclaim_outbox(self, outbox_id: int, now: datetime) -> bool:
+        """Take back a lapsed row (claim cleared, dispatched now): True for one caller."""
         ...
 
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:

@@ -23,7 +23,7 @@ import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from dormant.errors import (
@@ -323,11 +323,47 @@ class MemoryStore(MemoryRetention):
         def stranded(row: OutboxRow) -> bool:
             if row.dispatched_at is None:
                 return row.created_at <= older_than
-            return lost_before is not None and row.dispatched_at <= lost_before
+            if lost_before is None or row.dispatched_at > lost_before:
+                return False
+            return row.claimed_until is None or row.claimed_until <= lost_before
 
         with self._lock:
             rows = [r for r in self._outbox.values() if stranded(r)]
         return sorted(rows, key=lambda r: r.id)[:limit]
+
+    def claim_outbox(self, outbox_id: int, until: datetime) -> bool:
+        with self._lock:
+            row = self._outbox.get(outbox_id)
+            live = row is not None and row.claimed_until is not None
+            if row is None or (live and row.claimed_until >= datetime.now(UTC)):  # type: ignore[operator]
+                return False
+            self._outbox[outbox_id] = replace(row, claimed_until=until)
+            return True
+
+    def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
+        with self._lock:
+            row = self._outbox.get(outbox_id)
+            if row is None:
+                return False
+            self._outbox[outbox_id] = replace(row, claimed_until=until)
+            return True
+
+    def expired_claims(self, now: datetime, limit: int = 100) -> list[OutboxRow]:
+        with self._lock:
+            rows = [
+                r
+                for r in self._outbox.values()
+                if r.claimed_until is not None and r.claimed_until < now
+            ]
+        return sorted(rows, key=lambda r: r.id)[:limit]
+
+    def reclaim_outbox(self, outbox_id: int, now: datetime) -> bool:
+        with self._lock:
+            row = self._outbox.get(outbox_id)
+            if row is None or row.claimed_until is None or row.claimed_until >= now:
+                return False
+            self._outbox[outbox_id] = replace(row, claimed_until=None, dispatched_at=now)
+            return True
 
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         with self._lock:

@@ -197,6 +197,7 @@ def outbox_row(row: Row) -> OutboxRow:
         created_at=row["created_at"],
         dispatched_at=row["dispatched_at"],
         ran_at=row["ran_at"],
+        claimed_until=row["claimed_until"],
     )
 
 

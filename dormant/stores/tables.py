@@ -167,6 +167,9 @@ class OutboxColumns(SQLModel):
     created_at: datetime = Field(sa_type=UTCDateTime)
     dispatched_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
     ran_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    claimed_until: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    """Set by the run that started the row and renewed while it runs (its heartbeat): a
+    run whose claim lapsed died, and the sweeper sends the row again."""
 
 
 class TimerColumns(SQLModel):
@@ -256,6 +259,7 @@ def schema(prefix: str = "") -> Schema:
             thread_fk(),
             partial("outbox_undispatched", "created_at", where="dispatched_at IS NULL"),
             partial("outbox_unran", "dispatched_at", where="ran_at IS NULL"),
+            partial("outbox_claimed", "claimed_until", where="ran_at IS NULL"),
             autoincrement,
         ),
         timers=table(

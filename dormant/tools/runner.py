@@ -9,14 +9,19 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Callable
+from datetime import datetime
 from typing import Any, Protocol
+
+import redis.exceptions
+import sqlalchemy.exc
 
 from dormant.agents import AgentRegistry
 from dormant.stores.base import CallState, OutboxRow, QueryStore
 from dormant.tools.base import ToolContext, ToolSink
 
-__all__ = ["RunnerStore", "as_text", "execute_outbox"]
+__all__ = ["RunnerStore", "as_text", "execute_outbox", "hand_in"]
 
 
 class RunnerStore(QueryStore, Protocol):
@@ -35,6 +40,38 @@ def as_text(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
+_TRANSIENT = (
+    OSError,
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+)
+"""A server briefly unreachable (a restarting PostgreSQL or Redis): worth trying again."""
+
+_HAND_IN_BACKOFF_S = (0.2, 5.0)
+"""First and longest pause between two hand-in attempts (doubling in between)."""
+
+
+def hand_in(what: str, attempt: Callable[[], None], timeout_s: float) -> None:
+    """Run ``attempt`` (storing a finished tool's result, or marking its row ran), trying
+    again with backoff for up to ``timeout_s`` while the servers are unreachable: the tool's
+    work is done and re-running it is the costly way to recover. Other errors, and the last
+    transient one, are raised."""
+    deadline = time.monotonic() + timeout_s
+    pause_s, longest_s = _HAND_IN_BACKOFF_S
+    while True:
+        try:
+            attempt()
+            return
+        except _TRANSIENT as error:
+            if time.monotonic() + pause_s > deadline:
+                raise
+            log.warning("%s: retrying in %.1f s (%s)", what, pause_s, type(error).__name__)
+            time.sleep(pause_s)
+            pause_s = min(longest_s, pause_s * 2)
+
+
 def execute_outbox(
     row: OutboxRow,
     store: RunnerStore,
@@ -42,21 +79,64 @@ def execute_outbox(
     sink: ToolSink,
     callback_url: Callable[[str, str], str],
     crash: Callable[[str], None] = lambda _point: None,
+    *,
+    hand_in_timeout_s: float = 0.0,
 ) -> None:
     """Run ``row``; every failure of the tool becomes an "Error: ..." result (never a hang).
 
     The row is marked ran once the work is done or found unnecessary, so the sweeper
-    re-dispatches only rows whose task the broker lost before any worker ran it.
+    re-dispatches only rows whose task the broker lost before any worker ran it. The
+    result is handed in (and the row marked) with retries for ``hand_in_timeout_s``.
     """
-    _run(row, store, agents, sink, callback_url, crash)
-    store.mark_ran([row.id])
+    retrying = _RetryingSink(sink, hand_in_timeout_s)
+    _run(row, store, agents, retrying, callback_url, crash)
+    hand_in(f"outbox row {row.id}", lambda: store.mark_ran([row.id]), hand_in_timeout_s)
+
+
+class _RetryingSink:
+    """The sink, with its result hand-in retried while the servers are unreachable."""
+
+    def __init__(self, sink: ToolSink, timeout_s: float) -> None:
+        self._sink = sink
+        self._timeout_s = timeout_s
+
+    def tool_result(
+        self, thread_id: str, call_id: str, content: str, *, is_error: bool = False
+    ) -> None:
+        hand_in(
+            f"result of call {call_id} of thread {thread_id}",
+            lambda: self._sink.tool_result(thread_id, call_id, content, is_error=is_error),
+            self._timeout_s,
+        )
+
+    def tool_event(
+        self,
+        thread_id: str,
+        call_id: str,
+        content: str,
+        *,
+        associative: bool,
+        final: bool,
+        message_id: str | None,
+    ) -> None:
+        self._sink.tool_event(
+            thread_id,
+            call_id,
+            content,
+            associative=associative,
+            final=final,
+            message_id=message_id,
+        )
+
+    def tool_schedule(self, thread_id: str, call_id: str, content: str, at: datetime) -> None:
+        self._sink.tool_schedule(thread_id, call_id, content, at)
 
 
 def _run(
     row: OutboxRow,
     store: RunnerStore,
     agents: AgentRegistry,
-    sink: ToolSink,
+    sink: _RetryingSink,
     callback_url: Callable[[str, str], str],
     crash: Callable[[str], None],
 ) -> None:

@@ -1,4 +1,5 @@
-"""Redis is only a cache: flushing dormant's Redis mid-run loses no thread and no message."""
+"""Redis is only a cache: flushing dormant's Redis mid-run loses no thread and no message,
+and a FLUSHALL of the broker's Redis leaves the workers consuming what is sent after it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from collections.abc import Callable
 
 import pytest
 import redis
-from conftest import FLUSH_REDIS_DB, FLUSH_REDIS_URL, Deployment, wait_until
+from conftest import FLUSH_REDIS_DB, FLUSH_REDIS_URL, REDIS_URL, Deployment, wait_until
 
+from chaos.services import OwnRedis
 from dormant.client import Client
 from dormant.errors import DuplicateMessage
 from dormant.messages import AssistantTurn, ToolResult
@@ -83,3 +85,30 @@ def test_flushing_redis_mid_run_loses_nothing(deploy: Callable[..., Deployment])
         with pytest.raises(DuplicateMessage):  # the dedup set was flushed: SQL still knows
             client.send(thread_id, "go", message_id=f"go-{n // THREADS}-{n % THREADS}")
     dormant_redis.close()
+
+
+def test_tasks_sent_after_a_broker_flushall_are_consumed_without_a_restart(
+    deploy: Callable[..., Deployment], own_redis: OwnRedis
+) -> None:
+    d = deploy(
+        DORMANT_BROKER_URL=own_redis.url,
+        DORMANT_REDIS_URL=own_redis.url,
+        DORMANT_TEST_REDIS_URL=REDIS_URL,
+        DORMANT_LEASE_TTL_S="3",
+    )
+    worker = d.start_worker("w1", concurrency=4)
+    d.wait_ready(worker)
+    client = d.client()
+    first = client.launch("calc", "go")
+    wait_until(lambda: _finished(client, first), 60, "a thread to finish before the flush")
+    own_redis.flushall()  # kombu's bindings, the queues, the leases: all gone
+    after = [client.launch("calc", "go") for _ in range(4)]
+    wait_until(
+        lambda: all(_finished(client, t) for t in after),
+        60,
+        "threads launched after the flush to finish, with no beat and no restart",
+        check=d.check_alive,
+        poll_s=0.2,
+        detail=d.logs,
+    )
+    assert worker.alive()

@@ -1,0 +1,1 @@
+"""``make chaos``: dormant on real processes under every fault a deployment meets."""

@@ -1,0 +1,80 @@
+"""A worker that loses its Redis broker with messages unacknowledged reconnects instead of
+stopping on kombu's ``'NoneType' object has no attribute 'hostname'``; a worker stopped by
+an error exits non-zero."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kombu import Connection, Exchange, Queue
+from kombu.transport import redis as kombu_redis
+
+from chaos.services import OwnRedis
+from dormant import worker as dormant_worker
+from dormant.broker import TRANSPORT
+from dormant.settings import Settings
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
+    if shutil.which("redis-server") is None:
+        pytest.skip("!!! redis-server is not installed")
+    server = OwnRedis(tmp_path / "redis")
+    server.start()
+    yield server
+    server.stop()
+
+
+def _collected_with_an_unacked_message(url: str, transport: str | None) -> Any:
+    """What Celery's consumer does on a lost broker: ``collect()`` the connection (the
+    transport's client becomes None), then close its channel, a message still unacked."""
+    conn = Connection(url, transport=transport)
+    queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
+    with conn.Producer() as producer:
+        producer.publish({"n": 1}, exchange=queue.exchange, routing_key="q", declare=[queue])
+    received: list[Any] = []
+    consumer = conn.Consumer([queue], callbacks=[lambda _b, m: received.append(m)])
+    consumer.consume()
+    conn.drain_events(timeout=10)
+    channel = conn.default_channel
+    assert len(channel.qos._delivered) == 1
+    conn._do_close_transport()  # the last step of Connection.collect()
+    return conn, channel
+
+
+def test_kombus_own_transport_raises_the_attribute_error_that_stopped_workers(
+    own_redis: OwnRedis,
+) -> None:
+    conn, channel = _collected_with_an_unacked_message(own_redis.url, None)
+    assert type(channel) is kombu_redis.Channel
+    with pytest.raises(AttributeError, match="hostname"):
+        channel.close()
+    conn.release()
+
+
+def test_a_closed_channel_reports_a_connection_error_the_worker_rides_out(
+    own_redis: OwnRedis,
+) -> None:
+    conn, channel = _collected_with_an_unacked_message(own_redis.url, TRANSPORT)
+    with pytest.raises(conn.connection_errors):  # Celery's ignore_errors swallows these
+        channel.close()
+    conn.release()
+
+
+def test_the_redis_broker_uses_dormants_transport_and_reconnects_for_ever() -> None:
+    config = dormant_worker.celery_config(Settings(broker_url="redis://127.0.0.1:6379/0"))
+    assert config["broker_transport"] == TRANSPORT
+    assert config["broker_connection_max_retries"] is None
+    amqp = dormant_worker.celery_config(Settings(broker_url="amqp://guest@127.0.0.1//"))
+    assert "broker_transport" not in amqp
+
+
+def test_a_worker_stopped_by_an_error_exits_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Celery's ``app.start`` returns the worker's exit code; ``worker_main`` dropped it."""
+    monkeypatch.setattr(dormant_worker.Celery, "start", lambda _app, _argv=None: 1)
+    settings = Settings(secret_keys=("k",), broker_url="redis://127.0.0.1:6379/0")
+    assert dormant_worker.run_worker(settings, agents=[]) == 1
