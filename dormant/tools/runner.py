@@ -14,9 +14,6 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any, Protocol
 
-import redis.exceptions
-import sqlalchemy.exc
-
 from dormant.agents import AgentRegistry
 from dormant.stores.base import CallState, OutboxRow, QueryStore
 from dormant.tools.base import ToolContext, ToolSink
@@ -40,14 +37,25 @@ def as_text(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
-_TRANSIENT = (
-    OSError,
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-)
-"""A server briefly unreachable (a restarting PostgreSQL or Redis): worth trying again."""
+def _transient(error: Exception) -> bool:
+    """A server briefly unreachable (a restarting PostgreSQL or Redis): worth trying again.
+
+    The drivers' modules are imported only when something failed: ``LocalSystem`` on the
+    memory store needs neither (``import dormant`` stays light, tests/test_import_cost.py).
+    """
+    if isinstance(error, OSError):
+        return True
+    import redis.exceptions
+    import sqlalchemy.exc
+
+    return isinstance(
+        error,
+        sqlalchemy.exc.OperationalError
+        | sqlalchemy.exc.InterfaceError
+        | redis.exceptions.ConnectionError
+        | redis.exceptions.TimeoutError,
+    )
+
 
 _HAND_IN_BACKOFF_S = (0.2, 5.0)
 """First and longest pause between two hand-in attempts (doubling in between)."""
@@ -64,8 +72,8 @@ def hand_in(what: str, attempt: Callable[[], None], timeout_s: float) -> None:
         try:
             attempt()
             return
-        except _TRANSIENT as error:
-            if time.monotonic() + pause_s > deadline:
+        except Exception as error:
+            if not _transient(error) or time.monotonic() + pause_s > deadline:
                 raise
             log.warning("%s: retrying in %.1f s (%s)", what, pause_s, type(error).__name__)
             time.sleep(pause_s)
