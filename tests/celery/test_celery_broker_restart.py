@@ -62,8 +62,10 @@ def test_a_worker_rides_out_a_broker_restart_with_slices_in_flight(
 def test_a_tool_run_killed_with_its_worker_is_resent_within_the_claim_ttl(
     deploy: Callable[..., Deployment],
 ) -> None:
-    # The shipped visibility timeout (an hour): only the claim can bring the tool back.
-    d = deploy(DORMANT_TOOL_CLAIM_TTL_S="2", DORMANT_OUTBOX_GRACE_S="1")
+    # The shipped visibility timeout (an hour): only the claim can bring the tool back. A
+    # short lease too: on a slow machine the dying worker's slice may still hold the
+    # thread's lease when the tool kills it, and the result's slice then waits for its TTL.
+    d = deploy(DORMANT_TOOL_CLAIM_TTL_S="2", DORMANT_OUTBOX_GRACE_S="1", DORMANT_LEASE_TTL_S="3")
     assert d.settings.visibility_timeout_s >= 3600
     doomed = d.start_worker("doomed", env={"DORMANT_CRASH_POINTS": "in_tool"})
     d.expected_deaths.add("doomed")
