@@ -393,10 +393,10 @@ class CeleryDispatcher:
             raise
 
     def close_broker(self) -> None:
-        """Close the app's broker connections: for the producer-only app of
-        ``client_dispatcher``, which nothing else uses (a RabbitMQ connection left open
-        holds a process on the broker until this process exits). ``Celery.close`` alone
-        only drops its reference to the pool."""
+        """Close the app's broker connections: for the ``ProducerApp`` of
+        ``client_dispatcher``, whose pools nothing else uses (a RabbitMQ connection left
+        open holds a process on the broker until this process exits). ``Celery.close``
+        alone only drops its reference to the pool."""
         self._app.pool.force_close_all()
         self._app.close()
 
@@ -433,7 +433,9 @@ def client_dispatcher(
     settings: Settings, marks: RedisWakeMarks | None, labels: TaskLabels | None = None
 ) -> CeleryDispatcher:
     """A dispatcher for client processes: a producer-only app (no tasks, no agents)."""
-    app = Celery("dormant-client", set_as_current=False)
+    from dormant.producer_app import ProducerApp
+
+    app = ProducerApp("dormant-client", set_as_current=False)
     app.conf.update(celery_config(settings))
     return CeleryDispatcher(app, marks, labels=labels)
 

@@ -16,6 +16,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from celery import Celery
 from conftest import BROKERS, Deployment, rabbitmqctl
+from kombu import pools
 
 from dormant.client import Client
 from dormant.settings import Settings
@@ -84,8 +85,43 @@ def test_closing_a_client_closes_its_rabbitmq_connections(
     deploy: Callable[..., Deployment],
 ) -> None:
     d = deploy("amqp")
+    others = set(_connections(_vhost(d)))  # earlier tests' apps in this process keep theirs
     client = Client.from_env(d.env)
     client.launch("echo", "hello")  # the wake opens a connection
-    assert _connections(_vhost(d)) != []
+    assert set(_connections(_vhost(d))) - others != set()
     client.close()
-    assert _connections(_vhost(d)) == []
+    assert set(_connections(_vhost(d))) - others == set()
+
+
+class _Recording(Client):
+    """A client that keeps its failed wakes instead of logging them."""
+
+    failed: list[str]
+
+    def wake_failed(self, thread_id: str, error: Exception) -> None:
+        self.failed = [*getattr(self, "failed", []), f"{thread_id}: {error!r}"]
+
+
+@pytest.mark.parametrize("broker", BROKERS)
+def test_closing_a_client_leaves_the_other_apps_of_its_process_sending(
+    deploy: Callable[..., Deployment], broker: str
+) -> None:
+    """Celery pools broker connections per process and URL: a closed client must close its
+    own, not those of the next client or of the host's app on the same broker."""
+    d = deploy(broker)
+    # Earlier tests' apps left kombu's process-wide pool for this URL believing queues that
+    # their teardown deleted are declared: the host starts from a fresh pool, as in a new process.
+    pools.reset()
+    host = _app(d.settings)
+    host_dispatcher = CeleryDispatcher(host)
+    host_dispatcher.wake("thr_host_before", Priority.INTERACTIVE)
+    first = _Recording.from_env(d.env)
+    first.close()  # it never sent: its pool is made only to be closed
+    second = _Recording.from_env(d.env)
+    thread_id = second.launch("echo", "hello")
+    host_dispatcher.wake("thr_host_after", Priority.INTERACTIVE)
+    assert getattr(second, "failed", []) == []
+    served = [_next_slice(host, QUEUE_INTERACTIVE) for _ in range(4)]
+    assert served == ["thr_host_before", thread_id, "thr_host_after", None]
+    second.close()
+    host.close()
