@@ -23,7 +23,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Connection, Engine, and_, case, func, or_, select, update
+from sqlalchemy import Connection, Engine, and_, case, or_, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -46,14 +46,13 @@ from dormant.stores.base import (
 )
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.sql_engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
+from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_retention import SQLRetention, check_room
 from dormant.stores.sql_rows import (
     SCHEMA_OPTION,
     call_record,
     inbox_row,
     inbox_values,
-    is_open,
-    is_pending,
     is_unique_violation,
     outbox_row,
     thread_info,
@@ -236,13 +235,12 @@ class SQLStore(SQLRetention):
         max_open: int | None = None,
         answered_ok: bool = True,
     ) -> InboxRow:
-        inbox = self._schema.inbox
         values = inbox_values(thread_id, message_id, message, priority, _now())
         try:
             with self._tx(write=True) as conn:
                 rows.check_inbound(conn, thread_id, message_id, message, answered_ok=answered_ok)
                 check_room(conn, thread_id, message_id, max_open)
-                row = conn.execute(inbox.insert().values(values).returning(*inbox.c))
+                row = conn.execute(prepared(conn).insert_inbox, values)
                 return inbox_row(row.mappings().one())
         except IntegrityError as exc:
             if is_unique_violation(exc):
@@ -259,14 +257,11 @@ class SQLStore(SQLRetention):
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
     ) -> bool:
-        inbox = self._schema.inbox
-        query = select(inbox.c.id).where(
-            inbox.c.thread_id == thread_id, is_pending(inbox), inbox.c.id > inbox_id
-        )
-        if user_text_only:
-            query = query.where(inbox.c.kind == "user")
         with self._tx() as conn:
-            return conn.execute(query.limit(1)).first() is not None
+            ready = prepared(conn)
+            query = ready.user_pending_after if user_text_only else ready.pending_after
+            params = {"thread_id": thread_id, "after": inbox_id}
+            return conn.execute(query, params).first() is not None
 
     @retry_busy
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
@@ -284,17 +279,13 @@ class SQLStore(SQLRetention):
 
     @retry_busy
     def load(self, thread_id: str) -> Snapshot:
-        t = self._schema
-        calls, inbox = t.calls, t.inbox
         with self._tx(snapshot=True) as conn:
+            ready = prepared(conn)
             info = rows.get_thread(conn, thread_id)
             items = visible_history(rows.ConnectionReader(conn), info)
-            call_rows = conn.execute(select(calls).where(calls.c.thread_id == thread_id))
-            pending = conn.execute(
-                select(inbox)
-                .where(inbox.c.thread_id == thread_id, is_open(inbox))
-                .order_by(inbox.c.id)
-            ).mappings()
+            mine = {"thread_id": thread_id}
+            call_rows = conn.execute(ready.calls_of, mine)
+            pending = conn.execute(ready.open_inbox, mine).mappings()
             return Snapshot(
                 thread=info,
                 items=items,
@@ -323,10 +314,9 @@ class SQLStore(SQLRetention):
 
     @retry_busy
     def call(self, thread_id: str, call_id: str) -> CallRecord:
-        calls = self._schema.calls
-        query = select(calls).where(calls.c.thread_id == thread_id, calls.c.call_id == call_id)
         with self._tx() as conn:
-            row = conn.execute(query).mappings().first()
+            params = {"thread_id": thread_id, "call_id": call_id}
+            row = conn.execute(prepared(conn).call, params).mappings().first()
             if row is None:
                 rows.get_thread(conn, thread_id)
                 raise UnknownCall(thread_id, call_id)
@@ -354,42 +344,32 @@ class SQLStore(SQLRetention):
             return created
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None:
-        self._stamp_unran(outbox_ids, "dispatched_at")
+        self._stamp_unran(outbox_ids, ran=False)
 
     def mark_ran(self, outbox_ids: list[int]) -> None:
-        self._stamp_unran(outbox_ids, "ran_at")
+        self._stamp_unran(outbox_ids, ran=True)
 
     @retry_busy
-    def _stamp_unran(self, outbox_ids: list[int], column: str) -> None:
-        """Set ``column`` to now on rows no worker has run yet (a ran row is final)."""
-        outbox = self._schema.outbox
+    def _stamp_unran(self, outbox_ids: list[int], *, ran: bool) -> None:
+        """Stamp ``ran_at`` (or ``dispatched_at``) now on rows no worker has run yet (a ran
+        row is final)."""
         if not outbox_ids:
             return
         with self._tx(write=True) as conn:
-            conn.execute(
-                update(outbox)
-                .where(outbox.c.id.in_(outbox_ids), outbox.c.ran_at.is_(None))
-                .values({column: _now()})
-            )
+            ready = prepared(conn)
+            stmt = ready.mark_ran if ran else ready.mark_dispatched
+            conn.execute(stmt, {"ids": list(outbox_ids), "now": _now()})
 
     # sweeper -------------------------------------------------------------------------
 
     @retry_busy
     def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
         """Claim due timers and queue their messages, atomically per claim."""
-        timers = self._schema.timers
         now = as_utc(now)
-        due = (
-            select(timers)
-            .where(timers.c.fired_at.is_(None), timers.c.due_at <= now)
-            .order_by(timers.c.due_at, timers.c.id)
-            .limit(limit)
-        )
-        if self._postgres:
-            due = due.with_for_update(skip_locked=True)
         fired: list[InboxRow] = []
         with self._tx(write=True) as conn:
-            for timer in conn.execute(due).mappings().all():
+            due = conn.execute(prepared(conn).due_timers, {"now": now, "limit": limit})
+            for timer in due.mappings().all():
                 if not rows.claim_timer(conn, timer["id"], now):
                     continue
                 message = InboundAdapter.validate_python(timer["message"])
@@ -434,38 +414,20 @@ class SQLStore(SQLRetention):
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads with rows no slice has looked at, the longest-waiting first; stalled
         ones wait for ``retry``."""
-        t = self._schema
-        threads, inbox = t.threads, t.inbox
-        query = (
-            select(inbox.c.thread_id)
-            .join(threads, threads.c.id == inbox.c.thread_id)
-            .where(
-                is_pending(inbox),
-                threads.c.status != ThreadStatus.STALLED.value,
-                *(
-                    []
-                    if now is None
-                    else [or_(threads.c.retry_at.is_(None), threads.c.retry_at <= as_utc(now))]
-                ),
-            )
-            .group_by(inbox.c.thread_id)
-            .order_by(func.min(inbox.c.id))
-            .limit(limit)
-        )
         with self._tx() as conn:
-            return list(conn.execute(query).scalars())
+            ready = prepared(conn)
+            if now is None:
+                found = conn.execute(ready.threads_to_wake, {"limit": limit})
+            else:
+                params = {"limit": limit, "now": as_utc(now)}
+                found = conn.execute(ready.threads_to_wake_at, params)
+            return list(found.scalars())
 
     @retry_busy
     def next_timer_due(self) -> datetime | None:
-        timers = self._schema.timers
-        query = (
-            select(timers.c.due_at)
-            .where(timers.c.fired_at.is_(None))
-            .order_by(timers.c.due_at)
-            .limit(1)
-        )
         with self._tx() as conn:
-            due: datetime | None = conn.execute(query).scalar_one_or_none()
+            found = conn.execute(prepared(conn).next_timer_due)
+            due: datetime | None = found.scalar_one_or_none()
             return due
 
     # tool-run claims (a running tool task's heartbeat) ----------------------------------
