@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from alembic import command
 from alembic.config import Config
@@ -45,6 +45,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.lineage import next_seq, visible_history
+from dormant.stores.sql_direct import direct_transaction, run, run_many
 from dormant.stores.sql_engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
 from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_retention import SQLRetention, check_room
@@ -143,15 +144,29 @@ class SQLStore(SQLRetention):
         return view
 
     @contextmanager
-    def _tx(self, *, write: bool = False, snapshot: bool = False) -> Iterator[Connection]:
+    def _tx(
+        self, *, write: bool = False, snapshot: bool = False, direct: bool = False
+    ) -> Iterator[Connection]:
         """One transaction; ``write`` takes SQLite's lock up front, ``snapshot`` makes
-        PostgreSQL reads agree with each other."""
+        PostgreSQL reads agree with each other. ``direct`` (for a body that runs only
+        ``sql_direct`` statements) opens it on the driver connection, without SQLAlchemy's
+        per-transaction work: the connection is then not a real ``Connection``."""
         if self._caller is not None:
             self._caller.execution_options(**{SCHEMA_OPTION: self._schema})
             with self._caller.begin_nested():
                 yield self._caller
             return
         writer = self._writer if write else nullcontext()
+        if direct:
+            begin = None if self._postgres else ("IMMEDIATE" if write else "DEFERRED")
+            options = {SCHEMA_OPTION: self._schema}
+            with (
+                self._serial,
+                writer,
+                direct_transaction(self._engine, options, begin=begin, snapshot=snapshot) as raw,
+            ):
+                yield cast(Connection, raw)
+            return
         with self._serial, writer, self._engine.connect() as conn:
             conn.execution_options(**{SCHEMA_OPTION: self._schema})
             if write:
@@ -170,7 +185,7 @@ class SQLStore(SQLRetention):
 
     @retry_busy
     def thread(self, thread_id: str) -> ThreadInfo:
-        with self._tx() as conn:
+        with self._tx(direct=True) as conn:
             return rows.get_thread(conn, thread_id)
 
     @retry_busy
@@ -237,11 +252,10 @@ class SQLStore(SQLRetention):
     ) -> InboxRow:
         values = inbox_values(thread_id, message_id, message, priority, _now())
         try:
-            with self._tx(write=True) as conn:
+            with self._tx(write=True, direct=True) as conn:
                 rows.check_inbound(conn, thread_id, message_id, message, answered_ok=answered_ok)
                 check_room(conn, thread_id, message_id, max_open)
-                row = conn.execute(prepared(conn).insert_inbox, values)
-                return inbox_row(row.mappings().one())
+                return inbox_row(run(conn, prepared(conn).insert_inbox, values).one())
         except IntegrityError as exc:
             if is_unique_violation(exc):
                 raise DuplicateMessage(thread_id, message_id) from exc
@@ -257,11 +271,11 @@ class SQLStore(SQLRetention):
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
     ) -> bool:
-        with self._tx() as conn:
+        with self._tx(direct=True) as conn:
             ready = prepared(conn)
             query = ready.user_pending_after if user_text_only else ready.pending_after
             params = {"thread_id": thread_id, "after": inbox_id}
-            return conn.execute(query, params).first() is not None
+            return run(conn, query, params).first() is not None
 
     @retry_busy
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
@@ -279,30 +293,30 @@ class SQLStore(SQLRetention):
 
     @retry_busy
     def load(self, thread_id: str) -> Snapshot:
-        with self._tx(snapshot=True) as conn:
+        with self._tx(snapshot=True, direct=True) as conn:
             ready = prepared(conn)
             info = rows.get_thread(conn, thread_id)
             items = visible_history(rows.ConnectionReader(conn), info)
             mine = {"thread_id": thread_id}
-            call_rows = conn.execute(ready.calls_of, mine)
-            pending = conn.execute(ready.open_inbox, mine).mappings()
+            call_rows = run(conn, ready.calls_of, mine).rows
+            pending = run(conn, ready.open_inbox, mine).rows
             return Snapshot(
                 thread=info,
                 items=items,
-                calls={r["call_id"]: call_record(r) for r in call_rows.mappings()},
+                calls={r["call_id"]: call_record(r) for r in call_rows},
                 inbox=[inbox_row(r) for r in pending],
                 next_seq=next_seq(info, items),
             )
 
     @retry_busy
     def history(self, thread_id: str) -> list[StoredItem]:
-        with self._tx(snapshot=True) as conn:
+        with self._tx(snapshot=True, direct=True) as conn:
             info = rows.get_thread(conn, thread_id)
             return visible_history(rows.ConnectionReader(conn), info)
 
     @retry_busy
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
-        with self._tx(snapshot=True) as conn:
+        with self._tx(snapshot=True, direct=True) as conn:
             rows.get_thread(conn, thread_id)
             return rows.own_items(conn, thread_id, upto_seq)
 
@@ -314,9 +328,9 @@ class SQLStore(SQLRetention):
 
     @retry_busy
     def call(self, thread_id: str, call_id: str) -> CallRecord:
-        with self._tx() as conn:
+        with self._tx(direct=True) as conn:
             params = {"thread_id": thread_id, "call_id": call_id}
-            row = conn.execute(prepared(conn).call, params).mappings().first()
+            row = run(conn, prepared(conn).call, params).first()
             if row is None:
                 rows.get_thread(conn, thread_id)
                 raise UnknownCall(thread_id, call_id)
@@ -325,7 +339,12 @@ class SQLStore(SQLRetention):
     @retry_busy
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
         now = _now()
-        with self._tx(write=True) as conn:
+        # Closing a subtree and messages for other threads are rare and still use
+        # SQLAlchemy statements: only a commit without them runs direct.
+        plain = not (
+            commit.close_descendants or commit.enqueue or any(t.messages for t in commit.threads)
+        )
+        with self._tx(write=True, direct=plain) as conn:
             if not rows.advance_thread(conn, commit, now):
                 rows.get_thread(conn, commit.thread_id)
                 return None
@@ -355,10 +374,11 @@ class SQLStore(SQLRetention):
         row is final)."""
         if not outbox_ids:
             return
-        with self._tx(write=True) as conn:
+        with self._tx(write=True, direct=True) as conn:
             ready = prepared(conn)
             stmt = ready.mark_ran if ran else ready.mark_dispatched
-            conn.execute(stmt, {"ids": list(outbox_ids), "now": _now()})
+            now = _now()
+            run_many(conn, stmt, [{"row_id": i, "now": now} for i in outbox_ids])
 
     # sweeper -------------------------------------------------------------------------
 
@@ -367,9 +387,9 @@ class SQLStore(SQLRetention):
         """Claim due timers and queue their messages, atomically per claim."""
         now = as_utc(now)
         fired: list[InboxRow] = []
-        with self._tx(write=True) as conn:
-            due = conn.execute(prepared(conn).due_timers, {"now": now, "limit": limit})
-            for timer in due.mappings().all():
+        with self._tx(write=True, direct=True) as conn:
+            due = run(conn, prepared(conn).due_timers, {"now": now, "limit": limit})
+            for timer in due.rows:
                 if not rows.claim_timer(conn, timer["id"], now):
                     continue
                 message = InboundAdapter.validate_python(timer["message"])
@@ -414,20 +434,20 @@ class SQLStore(SQLRetention):
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads with rows no slice has looked at, the longest-waiting first; stalled
         ones wait for ``retry``."""
-        with self._tx() as conn:
+        with self._tx(direct=True) as conn:
             ready = prepared(conn)
             if now is None:
-                found = conn.execute(ready.threads_to_wake, {"limit": limit})
+                found = run(conn, ready.threads_to_wake, {"limit": limit})
             else:
                 params = {"limit": limit, "now": as_utc(now)}
-                found = conn.execute(ready.threads_to_wake_at, params)
-            return list(found.scalars())
+                found = run(conn, ready.threads_to_wake_at, params)
+            return found.scalars()
 
     @retry_busy
     def next_timer_due(self) -> datetime | None:
-        with self._tx() as conn:
-            found = conn.execute(prepared(conn).next_timer_due)
-            due: datetime | None = found.scalar_one_or_none()
+        with self._tx(direct=True) as conn:
+            found = run(conn, prepared(conn).next_timer_due).scalars()
+            due: datetime | None = found[0] if found else None
             return due
 
     # tool-run claims (a running tool task's heartbeat) ----------------------------------

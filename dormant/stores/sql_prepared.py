@@ -37,7 +37,9 @@ from dormant.stores.tables import Schema, schema
 
 __all__ = ["Prepared", "prepared"]
 
-_OPEN = tuple(literal_column(f"'{s.value}'") for s in (InboxState.PENDING, InboxState.DEFERRED))
+_OPEN: tuple[Any, ...] = tuple(
+    literal_column(f"'{s.value}'") for s in (InboxState.PENDING, InboxState.DEFERRED)
+)
 
 
 def is_open(inbox: Any) -> Any:
@@ -148,13 +150,11 @@ class Prepared:
         )
         self.open_depth: Select[Any] = select(func.count()).select_from(waiting)
         mine_open = (
-            inbox.c.id.in_(bindparam("ids", expanding=True)),
+            inbox.c.id == bindparam("row_id"),
             inbox.c.thread_id == bindparam("b_thread_id"),
             is_open(inbox),
         )
-        self.finish_rows: Update = (
-            update(inbox).where(*mine_open).values(state=bindparam("b_state"))
-        )
+        self.finish_row: Update = update(inbox).where(*mine_open).values(state=bindparam("b_state"))
         self.reject_row: Update = (
             update(inbox)
             .where(
@@ -172,10 +172,8 @@ class Prepared:
         self.pending_after: Select[Any] = pending_after.limit(1)
         self.user_pending_after: Select[Any] = pending_after.where(inbox.c.kind == "user").limit(1)
         # outbox
-        self.insert_outbox: Insert = outbox.insert().returning(
-            *outbox.c, sort_by_parameter_order=True
-        )
-        ids_unran = (outbox.c.id.in_(bindparam("ids", expanding=True)), outbox.c.ran_at.is_(None))
+        self.insert_outbox: Insert = outbox.insert().returning(*outbox.c)
+        ids_unran = (outbox.c.id == bindparam("row_id"), outbox.c.ran_at.is_(None))
         stamp_type = outbox.c.ran_at.type
         self.mark_dispatched: Update = (
             update(outbox)
@@ -191,7 +189,7 @@ class Prepared:
         )
         self.cancel_timers = timers.delete().where(
             timers.c.thread_id == bindparam("thread_id"),
-            timers.c.call_id.in_(bindparam("call_ids", expanding=True)),
+            timers.c.call_id == bindparam("call_id"),
             timers.c.fired_at.is_(None),
         )
         self.claim_timer: Update = (

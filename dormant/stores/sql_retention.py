@@ -25,6 +25,7 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.sql_direct import run
 from dormant.stores.sql_engine import retry_busy
 from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_rows import inbox_row, is_open, thread_info
@@ -41,12 +42,12 @@ def check_room(conn: Connection, thread_id: str, message_id: str, max_open: int 
     ``max_open``, a message for a thread whose inbox is full."""
     ready = prepared(conn)
     mine = {"thread_id": thread_id, "message_id": message_id}
-    if conn.execute(ready.in_history, mine).first() is not None:
+    if run(conn, ready.in_history, mine).first() is not None:
         raise DuplicateMessage(thread_id, message_id)
     if max_open is None:
         return
     params = {"thread_id": thread_id, "max_open": max_open}
-    depth = conn.execute(ready.open_depth, params).scalar_one()
+    depth = int(run(conn, ready.open_depth, params).scalars()[0])
     if depth >= max_open:
         raise InboxFull(thread_id, depth)
 

@@ -33,6 +33,7 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.sql_direct import run, run_many
 from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_rows import (
     call_values,
@@ -72,7 +73,7 @@ def get_thread(conn: Connection, thread_id: str, *, share: bool = False) -> Thre
     """The thread or ``UnknownThread``; ``share`` holds off concurrent commits to it."""
     ready = prepared(conn)
     query = ready.get_thread_share if share else ready.get_thread
-    row = conn.execute(query, {"thread_id": thread_id}).mappings().first()
+    row = run(conn, query, {"thread_id": thread_id}).first()
     if row is None:
         raise UnknownThread(thread_id)
     return thread_info(row)
@@ -81,7 +82,7 @@ def get_thread(conn: Connection, thread_id: str, *, share: bool = False) -> Thre
 def create_thread(conn: Connection, thread: NewThread, now: datetime) -> ThreadInfo:
     """Insert a thread; the primary key, not a prior read, decides that it is new."""
     ready = prepared(conn)
-    row = conn.execute(ready.create_thread, thread_values(thread, now)).mappings().first()
+    row = run(conn, ready.create_thread, thread_values(thread, now)).first()
     if row is None:
         raise DuplicateMessage(thread.id, thread.id)
     insert_items(conn, thread.id, thread.items)
@@ -94,20 +95,20 @@ def create_thread(conn: Connection, thread: NewThread, now: datetime) -> ThreadI
 
 def insert_inbox_ignoring_duplicates(conn: Connection, values: dict[str, Any]) -> InboxRow | None:
     """The new row, or None when the thread already received that message id."""
-    row = conn.execute(prepared(conn).insert_inbox_new, values).mappings().first()
+    row = run(conn, prepared(conn).insert_inbox_new, values).first()
     return None if row is None else inbox_row(row)
 
 
 def upsert_calls(conn: Connection, thread_id: str, records: list[CallRecord]) -> None:
     if records:
         values = [call_values(thread_id, r) for r in records]
-        conn.execute(prepared(conn).upsert_calls, values)
+        run_many(conn, prepared(conn).upsert_calls, values)
 
 
 def insert_items(conn: Connection, thread_id: str, stored: list[StoredItem]) -> None:
     if stored:
         values = [item_values(thread_id, s) for s in stored]
-        conn.execute(prepared(conn).insert_items, values)
+        run_many(conn, prepared(conn).insert_items, values)
 
 
 def finish_rows(
@@ -126,16 +127,15 @@ def finish_rows(
     rejected_ids = {row_id for row_id, _ in rejected}
     deferred_only = [i for i in deferred if i not in rejected_ids]
     done_only = [i for i in done if i not in rejected_ids and i not in deferred_only]
-    for state, ids in ((InboxState.DONE, done_only), (InboxState.DEFERRED, deferred_only)):
-        if ids:
-            params = {"ids": ids, "b_thread_id": thread_id, "b_state": state.value}
-            conn.execute(ready.finish_rows, params)
+    fates = [(i, InboxState.DONE.value) for i in done_only]
+    fates += [(i, InboxState.DEFERRED.value) for i in deferred_only]
+    if fates:
+        many = [{"row_id": i, "b_thread_id": thread_id, "b_state": state} for i, state in fates]
+        run_many(conn, ready.finish_row, many)
     if rejected:
         reasons = dict(rejected)
-        params_list = [
-            {"row_id": i, "b_thread_id": thread_id, "b_reason": r} for i, r in reasons.items()
-        ]
-        conn.execute(ready.reject_row, params_list)
+        many = [{"row_id": i, "b_thread_id": thread_id, "b_reason": r} for i, r in reasons.items()]
+        run_many(conn, ready.reject_row, many)
 
 
 def insert_outbox(
@@ -144,27 +144,30 @@ def insert_outbox(
     """Insert (thread_id, call_id, action) outbox rows in one statement, in that order."""
     if not entries:
         return []
-    values = [{"thread_id": t, "call_id": c, "action": a, "created_at": now} for t, c, a in entries]
-    found = conn.execute(prepared(conn).insert_outbox, values).mappings()
+    stmt = prepared(conn).insert_outbox
+    found = [
+        run(conn, stmt, {"thread_id": t, "call_id": c, "action": a, "created_at": now}).one()
+        for t, c, a in entries
+    ]
     return sorted((outbox_row(r) for r in found), key=lambda row: row.id)
 
 
 def insert_timers(conn: Connection, thread_id: str, new: list[NewTimer]) -> None:
     """Insert timers; one whose (thread_id, message_id) exists already is ignored."""
     if new:
-        conn.execute(prepared(conn).insert_timers, [timer_values(thread_id, t) for t in new])
+        run_many(conn, prepared(conn).insert_timers, [timer_values(thread_id, t) for t in new])
 
 
 def cancel_timers(conn: Connection, thread_id: str, call_ids: list[str]) -> None:
     if call_ids:
-        params = {"thread_id": thread_id, "call_ids": list(call_ids)}
-        conn.execute(prepared(conn).cancel_timers, params)
+        many = [{"thread_id": thread_id, "call_id": call_id} for call_id in call_ids]
+        run_many(conn, prepared(conn).cancel_timers, many)
 
 
 def claim_timer(conn: Connection, timer_id: int, now: datetime) -> bool:
     """Set ``fired_at`` unless another sweeper already did: the claim is the UPDATE."""
     params = {"timer_id": timer_id, "now": now}
-    return conn.execute(prepared(conn).claim_timer, params).rowcount == 1
+    return run(conn, prepared(conn).claim_timer, params).rowcount == 1
 
 
 def enqueue_elsewhere(
@@ -195,10 +198,10 @@ def check_inbound(
         return
     # The thread (locked against a concurrent close) and the call, in one round trip.
     params = {"thread_id": thread_id, "call_id": message.call_id}
-    found = conn.execute(ready.thread_and_call, params).first()
+    found = run(conn, ready.thread_and_call, params).first()
     if found is None:
         raise UnknownThread(thread_id)
-    status, state, subscription = found
+    status, state, subscription = found["status"], found["state"], found["subscription"]
     if status == ThreadStatus.CLOSED.value:
         raise ThreadClosed(thread_id)
     if state is None:
@@ -208,7 +211,7 @@ def check_inbound(
     if answered_ok or state != CallState.ANSWERED.value or subscription:
         return
     mine = {"thread_id": thread_id, "message_id": message_id}
-    if conn.execute(ready.inbox_id_of, mine).first() is not None:
+    if run(conn, ready.inbox_id_of, mine).first() is not None:
         raise DuplicateMessage(thread_id, message_id)
     raise CallAnswered(thread_id, message.call_id, message_id)
 
@@ -227,7 +230,7 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
     if commit.usage is not None:
         params["b_usage"] = commit.usage.model_dump(mode="json")
         stmt = ready.advance_thread_usage
-    return conn.execute(stmt, params).rowcount == 1
+    return run(conn, stmt, params).rowcount == 1
 
 
 # Lineage: inheritance and closing a subtree ------------------------------------------
@@ -249,10 +252,10 @@ class ConnectionReader:
 def own_items(conn: Connection, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
     ready = prepared(conn)
     if upto_seq is None:
-        found = conn.execute(ready.own_items, {"thread_id": thread_id})
+        found = run(conn, ready.own_items, {"thread_id": thread_id})
     else:
-        found = conn.execute(ready.own_items_upto, {"thread_id": thread_id, "upto": upto_seq})
-    return [stored_item(r) for r in found.mappings()]
+        found = run(conn, ready.own_items_upto, {"thread_id": thread_id, "upto": upto_seq})
+    return [stored_item(r) for r in found.rows]
 
 
 def children(conn: Connection, thread_id: str) -> list[ThreadInfo]:
