@@ -47,6 +47,7 @@ from dormant.stores.base import (
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.sql_direct import direct_transaction, run, run_many
 from dormant.stores.sql_engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
+from dormant.stores.sql_items import ItemCache
 from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_retention import SQLRetention, check_room
 from dormant.stores.sql_rows import (
@@ -134,6 +135,7 @@ class SQLStore(SQLRetention):
         if memory:
             _migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
+        self._items = ItemCache()
 
     def on_connection(self, connection: Connection) -> SQLStore:
         """This store writing on the caller's connection, inside the caller's transaction:
@@ -141,6 +143,8 @@ class SQLStore(SQLRetention):
         so a refused write (a duplicate message) leaves the caller's transaction usable."""
         view = copy.copy(self)
         view._caller = connection
+        # Nothing read inside a transaction that may still roll back is cached.
+        view._items = ItemCache(max_threads=0)
         return view
 
     @contextmanager
@@ -296,7 +300,7 @@ class SQLStore(SQLRetention):
         with self._tx(snapshot=True, direct=True) as conn:
             ready = prepared(conn)
             info = rows.get_thread(conn, thread_id)
-            items = visible_history(rows.ConnectionReader(conn), info)
+            items = visible_history(rows.ConnectionReader(conn, self._items, info), info)
             mine = {"thread_id": thread_id}
             call_rows = run(conn, ready.calls_of, mine).rows
             pending = run(conn, ready.open_inbox, mine).rows
@@ -312,7 +316,7 @@ class SQLStore(SQLRetention):
     def history(self, thread_id: str) -> list[StoredItem]:
         with self._tx(snapshot=True, direct=True) as conn:
             info = rows.get_thread(conn, thread_id)
-            return visible_history(rows.ConnectionReader(conn), info)
+            return visible_history(rows.ConnectionReader(conn, self._items, info), info)
 
     @retry_busy
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:

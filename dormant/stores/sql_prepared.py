@@ -100,6 +100,9 @@ class Prepared:
         self.own_items_upto: Select[Any] = own.where(items.c.seq <= bindparam("upto")).order_by(
             items.c.seq
         )
+        self.own_items_after: Select[Any] = own.where(items.c.seq > bindparam("after")).order_by(
+            items.c.seq
+        )
         self.in_history: Select[Any] = (
             select(items.c.seq)
             .where(

@@ -34,6 +34,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.sql_direct import run, run_many
+from dormant.stores.sql_items import ItemCache
 from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_rows import (
     call_values,
@@ -237,16 +238,45 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
 
 
 class ConnectionReader:
-    """``lineage.OwnItems`` on one open connection: a history is read in one snapshot."""
+    """``lineage.OwnItems`` on one open connection: a history is read in one snapshot.
 
-    def __init__(self, conn: Connection) -> None:
+    With a ``cache``, a thread this reader has read (``first``, or through ``thread``)
+    reads only the items committed since the cached ones (``sql_items.py`` says why that
+    is sound)."""
+
+    def __init__(
+        self, conn: Connection, cache: ItemCache | None = None, first: ThreadInfo | None = None
+    ) -> None:
         self._conn = conn
+        self._cache = cache
+        self._seen = {} if first is None else {first.id: first}
 
     def thread(self, thread_id: str) -> ThreadInfo:
-        return get_thread(self._conn, thread_id)
+        info = get_thread(self._conn, thread_id)
+        self._seen[thread_id] = info
+        return info
 
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
-        return own_items(self._conn, thread_id, upto_seq)
+        info = self._seen.get(thread_id)
+        if self._cache is None or info is None:
+            return own_items(self._conn, thread_id, upto_seq)
+        cached = self._cache.known(info)
+        if cached and upto_seq is not None and upto_seq <= cached[-1].seq:
+            return [s for s in cached if s.seq <= upto_seq]
+        after = cached[-1].seq if cached else None
+        items = cached + tuple(_items_after(self._conn, thread_id, after))
+        self._cache.keep(info, items)
+        if upto_seq is None:
+            return list(items)
+        return [s for s in items if s.seq <= upto_seq]
+
+
+def _items_after(conn: Connection, thread_id: str, after: int | None) -> list[StoredItem]:
+    """All the thread's items, or those after seq ``after``, in order."""
+    if after is None:
+        return own_items(conn, thread_id)
+    found = run(conn, prepared(conn).own_items_after, {"thread_id": thread_id, "after": after})
+    return [stored_item(r) for r in found.rows]
 
 
 def own_items(conn: Connection, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
