@@ -19,11 +19,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import Connection, Engine, and_, case, or_, select, update
+from sqlalchemy import Connection, Engine, case, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -45,6 +43,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.lineage import next_seq, visible_history
+from dormant.stores.sql_claims import SQLClaims
 from dormant.stores.sql_direct import direct_transaction, run, run_many
 from dormant.stores.sql_engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
 from dormant.stores.sql_items import ItemCache
@@ -56,10 +55,12 @@ from dormant.stores.sql_rows import (
     inbox_row,
     inbox_values,
     is_unique_violation,
-    outbox_row,
     thread_info,
 )
 from dormant.stores.tables import as_utc, schema
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 __all__ = ["MIGRATIONS_DIR", "VERSION_TABLE", "SQLStore", "make_engine", "upgrade"]
 
@@ -78,7 +79,10 @@ def _now() -> datetime:
 
 def _alembic_config(url: URL, table_prefix: str) -> Config:
     """Alembic's configuration, built in code: the package ships no ``alembic.ini``. The
-    migrations read ``table_prefix`` to name every table, index and constraint."""
+    migrations read ``table_prefix`` to name every table, index and constraint. Alembic
+    (with mako) is imported here, not with the store: a worker never migrates."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("path_separator", "os")
@@ -91,6 +95,8 @@ def _alembic_config(url: URL, table_prefix: str) -> Config:
 
 
 def _migrate(engine: Engine, table_prefix: str = "") -> None:
+    from alembic import command
+
     config = _alembic_config(engine.url, table_prefix)
     with engine.begin() as conn:
         config.attributes["connection"] = conn
@@ -110,7 +116,7 @@ def upgrade(database_url: str, *, table_prefix: str = "") -> None:
 # The store ---------------------------------------------------------------------------
 
 
-class SQLStore(SQLRetention):
+class SQLStore(SQLRetention, SQLClaims):
     """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
 
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
@@ -406,35 +412,6 @@ class SQLStore(SQLRetention):
         return fired
 
     @retry_busy
-    def undispatched(
-        self, older_than: datetime, limit: int = 100, *, lost_before: datetime | None = None
-    ) -> list[OutboxRow]:
-        outbox = self._schema.outbox
-        # A row that ran is never stranded, even if its dispatch stamp lost the race
-        # against the (fast) tool run.
-        stranded = and_(
-            outbox.c.ran_at.is_(None),
-            outbox.c.dispatched_at.is_(None),
-            outbox.c.created_at <= as_utc(older_than),
-        )
-        if lost_before is not None:
-            # Dispatched and not started since (or started by a run whose claim lapsed).
-            lost = and_(
-                outbox.c.ran_at.is_(None),
-                outbox.c.dispatched_at <= as_utc(lost_before),
-                or_(
-                    outbox.c.claimed_until.is_(None),
-                    outbox.c.claimed_until <= as_utc(lost_before),
-                ),
-            )
-            stranded = or_(stranded, lost)
-        query = (
-            select(outbox).where(stranded).order_by(outbox.c.created_at, outbox.c.id).limit(limit)
-        )
-        with self._tx() as conn:
-            return [outbox_row(r) for r in conn.execute(query).mappings()]
-
-    @retry_busy
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads with rows no slice has looked at, the longest-waiting first; stalled
         ones wait for ``retry``."""
@@ -453,64 +430,6 @@ class SQLStore(SQLRetention):
             found = run(conn, prepared(conn).next_timer_due).scalars()
             due: datetime | None = found[0] if found else None
             return due
-
-    # tool-run claims (a running tool task's heartbeat) ----------------------------------
-
-    @retry_busy
-    def claim_outbox(self, outbox_id: int, until: datetime) -> bool:
-        """Start a run of the row, held until ``until``: False if it ran already or a live
-        run holds it (a duplicate task then does nothing)."""
-        outbox = self._schema.outbox
-        free = or_(outbox.c.claimed_until.is_(None), outbox.c.claimed_until < _now())
-        with self._tx(write=True) as conn:
-            claimed = conn.execute(
-                update(outbox)
-                .where(outbox.c.id == outbox_id, outbox.c.ran_at.is_(None), free)
-                .values(claimed_until=as_utc(until))
-            )
-            return claimed.rowcount == 1
-
-    @retry_busy
-    def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
-        """Extend the running task's claim (its heartbeat); False once the row ran."""
-        outbox = self._schema.outbox
-        with self._tx(write=True) as conn:
-            renewed = conn.execute(
-                update(outbox)
-                .where(outbox.c.id == outbox_id, outbox.c.ran_at.is_(None))
-                .values(claimed_until=as_utc(until))
-            )
-            return renewed.rowcount == 1
-
-    @retry_busy
-    def expired_claims(self, now: datetime, limit: int = 100) -> list[OutboxRow]:
-        """Rows a run started and stopped renewing (its worker died) that never ran."""
-        outbox = self._schema.outbox
-        query = (
-            select(outbox)
-            .where(outbox.c.ran_at.is_(None), outbox.c.claimed_until < as_utc(now))
-            .order_by(outbox.c.claimed_until, outbox.c.id)
-            .limit(limit)
-        )
-        with self._tx() as conn:
-            return [outbox_row(r) for r in conn.execute(query).mappings()]
-
-    @retry_busy
-    def reclaim_outbox(self, outbox_id: int, now: datetime) -> bool:
-        """Take back a row whose claim lapsed before ``now``, stamped as dispatched now;
-        True for the one sweeper that wins it (it then sends the row again)."""
-        outbox = self._schema.outbox
-        with self._tx(write=True) as conn:
-            taken = conn.execute(
-                update(outbox)
-                .where(
-                    outbox.c.id == outbox_id,
-                    outbox.c.ran_at.is_(None),
-                    outbox.c.claimed_until < as_utc(now),
-                )
-                .values(claimed_until=None, dispatched_at=as_utc(now))
-            )
-            return taken.rowcount == 1
 
     def close(self) -> None:
         self._engine.dispose()
