@@ -130,7 +130,10 @@ def run_many(conn: Connection, stmt: ClauseElement, many: list[Params]) -> None:
     bound = [plan.bind(params) for params in many]
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
-        cursor.executemany(plan.sql, bound)
+        if len(bound) == 1:  # psycopg's executemany opens a pipeline: dearer for one row
+            cursor.execute(plan.sql, bound[0])
+        else:
+            cursor.executemany(plan.sql, bound)
     except conn.dialect.loaded_dbapi.Error as exc:
         raise _translated(conn, plan, bound, exc) from exc
     finally:
