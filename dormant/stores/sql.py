@@ -19,11 +19,9 @@ from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
-from alembic import command
-from alembic.config import Config
-from sqlalchemy import Connection, Engine, and_, case, func, or_, select, update
+from sqlalchemy import Connection, Engine, case, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -45,20 +43,24 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.lineage import next_seq, visible_history
+from dormant.stores.sql_claims import SQLClaims
+from dormant.stores.sql_direct import direct_transaction, run, run_many
 from dormant.stores.sql_engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
+from dormant.stores.sql_items import ItemCache
+from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_retention import SQLRetention, check_room
 from dormant.stores.sql_rows import (
     SCHEMA_OPTION,
     call_record,
     inbox_row,
     inbox_values,
-    is_open,
-    is_pending,
     is_unique_violation,
-    outbox_row,
     thread_info,
 )
 from dormant.stores.tables import as_utc, schema
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 __all__ = ["MIGRATIONS_DIR", "VERSION_TABLE", "SQLStore", "make_engine", "upgrade"]
 
@@ -77,7 +79,10 @@ def _now() -> datetime:
 
 def _alembic_config(url: URL, table_prefix: str) -> Config:
     """Alembic's configuration, built in code: the package ships no ``alembic.ini``. The
-    migrations read ``table_prefix`` to name every table, index and constraint."""
+    migrations read ``table_prefix`` to name every table, index and constraint. Alembic
+    (with mako) is imported here, not with the store: a worker never migrates."""
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("path_separator", "os")
@@ -90,6 +95,8 @@ def _alembic_config(url: URL, table_prefix: str) -> Config:
 
 
 def _migrate(engine: Engine, table_prefix: str = "") -> None:
+    from alembic import command
+
     config = _alembic_config(engine.url, table_prefix)
     with engine.begin() as conn:
         config.attributes["connection"] = conn
@@ -109,7 +116,7 @@ def upgrade(database_url: str, *, table_prefix: str = "") -> None:
 # The store ---------------------------------------------------------------------------
 
 
-class SQLStore(SQLRetention):
+class SQLStore(SQLRetention, SQLClaims):
     """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
 
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
@@ -134,6 +141,7 @@ class SQLStore(SQLRetention):
         if memory:
             _migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
+        self._items = ItemCache()
 
     def on_connection(self, connection: Connection) -> SQLStore:
         """This store writing on the caller's connection, inside the caller's transaction:
@@ -141,18 +149,34 @@ class SQLStore(SQLRetention):
         so a refused write (a duplicate message) leaves the caller's transaction usable."""
         view = copy.copy(self)
         view._caller = connection
+        # Nothing read inside a transaction that may still roll back is cached.
+        view._items = ItemCache(max_threads=0)
         return view
 
     @contextmanager
-    def _tx(self, *, write: bool = False, snapshot: bool = False) -> Iterator[Connection]:
+    def _tx(
+        self, *, write: bool = False, snapshot: bool = False, direct: bool = False
+    ) -> Iterator[Connection]:
         """One transaction; ``write`` takes SQLite's lock up front, ``snapshot`` makes
-        PostgreSQL reads agree with each other."""
+        PostgreSQL reads agree with each other. ``direct`` (for a body that runs only
+        ``sql_direct`` statements) opens it on the driver connection, without SQLAlchemy's
+        per-transaction work: the connection is then not a real ``Connection``."""
         if self._caller is not None:
             self._caller.execution_options(**{SCHEMA_OPTION: self._schema})
             with self._caller.begin_nested():
                 yield self._caller
             return
         writer = self._writer if write else nullcontext()
+        if direct:
+            begin = None if self._postgres else ("IMMEDIATE" if write else "DEFERRED")
+            options = {SCHEMA_OPTION: self._schema}
+            with (
+                self._serial,
+                writer,
+                direct_transaction(self._engine, options, begin=begin, snapshot=snapshot) as raw,
+            ):
+                yield cast(Connection, raw)
+            return
         with self._serial, writer, self._engine.connect() as conn:
             conn.execution_options(**{SCHEMA_OPTION: self._schema})
             if write:
@@ -171,7 +195,7 @@ class SQLStore(SQLRetention):
 
     @retry_busy
     def thread(self, thread_id: str) -> ThreadInfo:
-        with self._tx() as conn:
+        with self._tx(direct=True) as conn:
             return rows.get_thread(conn, thread_id)
 
     @retry_busy
@@ -236,14 +260,12 @@ class SQLStore(SQLRetention):
         max_open: int | None = None,
         answered_ok: bool = True,
     ) -> InboxRow:
-        inbox = self._schema.inbox
         values = inbox_values(thread_id, message_id, message, priority, _now())
         try:
-            with self._tx(write=True) as conn:
+            with self._tx(write=True, direct=True) as conn:
                 rows.check_inbound(conn, thread_id, message_id, message, answered_ok=answered_ok)
                 check_room(conn, thread_id, message_id, max_open)
-                row = conn.execute(inbox.insert().values(values).returning(*inbox.c))
-                return inbox_row(row.mappings().one())
+                return inbox_row(run(conn, prepared(conn).insert_inbox, values).one())
         except IntegrityError as exc:
             if is_unique_violation(exc):
                 raise DuplicateMessage(thread_id, message_id) from exc
@@ -259,14 +281,11 @@ class SQLStore(SQLRetention):
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
     ) -> bool:
-        inbox = self._schema.inbox
-        query = select(inbox.c.id).where(
-            inbox.c.thread_id == thread_id, is_pending(inbox), inbox.c.id > inbox_id
-        )
-        if user_text_only:
-            query = query.where(inbox.c.kind == "user")
-        with self._tx() as conn:
-            return conn.execute(query.limit(1)).first() is not None
+        with self._tx(direct=True) as conn:
+            ready = prepared(conn)
+            query = ready.user_pending_after if user_text_only else ready.pending_after
+            params = {"thread_id": thread_id, "after": inbox_id}
+            return run(conn, query, params).first() is not None
 
     @retry_busy
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
@@ -284,34 +303,30 @@ class SQLStore(SQLRetention):
 
     @retry_busy
     def load(self, thread_id: str) -> Snapshot:
-        t = self._schema
-        calls, inbox = t.calls, t.inbox
-        with self._tx(snapshot=True) as conn:
+        with self._tx(snapshot=True, direct=True) as conn:
+            ready = prepared(conn)
             info = rows.get_thread(conn, thread_id)
-            items = visible_history(rows.ConnectionReader(conn), info)
-            call_rows = conn.execute(select(calls).where(calls.c.thread_id == thread_id))
-            pending = conn.execute(
-                select(inbox)
-                .where(inbox.c.thread_id == thread_id, is_open(inbox))
-                .order_by(inbox.c.id)
-            ).mappings()
+            items = visible_history(rows.ConnectionReader(conn, self._items, info), info)
+            mine = {"thread_id": thread_id}
+            call_rows = run(conn, ready.calls_of, mine).rows
+            pending = run(conn, ready.open_inbox, mine).rows
             return Snapshot(
                 thread=info,
                 items=items,
-                calls={r["call_id"]: call_record(r) for r in call_rows.mappings()},
+                calls={r["call_id"]: call_record(r) for r in call_rows},
                 inbox=[inbox_row(r) for r in pending],
                 next_seq=next_seq(info, items),
             )
 
     @retry_busy
     def history(self, thread_id: str) -> list[StoredItem]:
-        with self._tx(snapshot=True) as conn:
+        with self._tx(snapshot=True, direct=True) as conn:
             info = rows.get_thread(conn, thread_id)
-            return visible_history(rows.ConnectionReader(conn), info)
+            return visible_history(rows.ConnectionReader(conn, self._items, info), info)
 
     @retry_busy
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
-        with self._tx(snapshot=True) as conn:
+        with self._tx(snapshot=True, direct=True) as conn:
             rows.get_thread(conn, thread_id)
             return rows.own_items(conn, thread_id, upto_seq)
 
@@ -323,10 +338,9 @@ class SQLStore(SQLRetention):
 
     @retry_busy
     def call(self, thread_id: str, call_id: str) -> CallRecord:
-        calls = self._schema.calls
-        query = select(calls).where(calls.c.thread_id == thread_id, calls.c.call_id == call_id)
-        with self._tx() as conn:
-            row = conn.execute(query).mappings().first()
+        with self._tx(direct=True) as conn:
+            params = {"thread_id": thread_id, "call_id": call_id}
+            row = run(conn, prepared(conn).call, params).first()
             if row is None:
                 rows.get_thread(conn, thread_id)
                 raise UnknownCall(thread_id, call_id)
@@ -335,7 +349,12 @@ class SQLStore(SQLRetention):
     @retry_busy
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
         now = _now()
-        with self._tx(write=True) as conn:
+        # Closing a subtree and messages for other threads are rare and still use
+        # SQLAlchemy statements: only a commit without them runs direct.
+        plain = not (
+            commit.close_descendants or commit.enqueue or any(t.messages for t in commit.threads)
+        )
+        with self._tx(write=True, direct=plain) as conn:
             if not rows.advance_thread(conn, commit, now):
                 rows.get_thread(conn, commit.thread_id)
                 return None
@@ -354,42 +373,33 @@ class SQLStore(SQLRetention):
             return created
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None:
-        self._stamp_unran(outbox_ids, "dispatched_at")
+        self._stamp_unran(outbox_ids, ran=False)
 
     def mark_ran(self, outbox_ids: list[int]) -> None:
-        self._stamp_unran(outbox_ids, "ran_at")
+        self._stamp_unran(outbox_ids, ran=True)
 
     @retry_busy
-    def _stamp_unran(self, outbox_ids: list[int], column: str) -> None:
-        """Set ``column`` to now on rows no worker has run yet (a ran row is final)."""
-        outbox = self._schema.outbox
+    def _stamp_unran(self, outbox_ids: list[int], *, ran: bool) -> None:
+        """Stamp ``ran_at`` (or ``dispatched_at``) now on rows no worker has run yet (a ran
+        row is final)."""
         if not outbox_ids:
             return
-        with self._tx(write=True) as conn:
-            conn.execute(
-                update(outbox)
-                .where(outbox.c.id.in_(outbox_ids), outbox.c.ran_at.is_(None))
-                .values({column: _now()})
-            )
+        with self._tx(write=True, direct=True) as conn:
+            ready = prepared(conn)
+            stmt = ready.mark_ran if ran else ready.mark_dispatched
+            now = _now()
+            run_many(conn, stmt, [{"row_id": i, "now": now} for i in outbox_ids])
 
     # sweeper -------------------------------------------------------------------------
 
     @retry_busy
     def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
         """Claim due timers and queue their messages, atomically per claim."""
-        timers = self._schema.timers
         now = as_utc(now)
-        due = (
-            select(timers)
-            .where(timers.c.fired_at.is_(None), timers.c.due_at <= now)
-            .order_by(timers.c.due_at, timers.c.id)
-            .limit(limit)
-        )
-        if self._postgres:
-            due = due.with_for_update(skip_locked=True)
         fired: list[InboxRow] = []
-        with self._tx(write=True) as conn:
-            for timer in conn.execute(due).mappings().all():
+        with self._tx(write=True, direct=True) as conn:
+            due = run(conn, prepared(conn).due_timers, {"now": now, "limit": limit})
+            for timer in due.rows:
                 if not rows.claim_timer(conn, timer["id"], now):
                     continue
                 message = InboundAdapter.validate_python(timer["message"])
@@ -402,129 +412,24 @@ class SQLStore(SQLRetention):
         return fired
 
     @retry_busy
-    def undispatched(
-        self, older_than: datetime, limit: int = 100, *, lost_before: datetime | None = None
-    ) -> list[OutboxRow]:
-        outbox = self._schema.outbox
-        # A row that ran is never stranded, even if its dispatch stamp lost the race
-        # against the (fast) tool run.
-        stranded = and_(
-            outbox.c.ran_at.is_(None),
-            outbox.c.dispatched_at.is_(None),
-            outbox.c.created_at <= as_utc(older_than),
-        )
-        if lost_before is not None:
-            # Dispatched and not started since (or started by a run whose claim lapsed).
-            lost = and_(
-                outbox.c.ran_at.is_(None),
-                outbox.c.dispatched_at <= as_utc(lost_before),
-                or_(
-                    outbox.c.claimed_until.is_(None),
-                    outbox.c.claimed_until <= as_utc(lost_before),
-                ),
-            )
-            stranded = or_(stranded, lost)
-        query = (
-            select(outbox).where(stranded).order_by(outbox.c.created_at, outbox.c.id).limit(limit)
-        )
-        with self._tx() as conn:
-            return [outbox_row(r) for r in conn.execute(query).mappings()]
-
-    @retry_busy
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads with rows no slice has looked at, the longest-waiting first; stalled
         ones wait for ``retry``."""
-        t = self._schema
-        threads, inbox = t.threads, t.inbox
-        query = (
-            select(inbox.c.thread_id)
-            .join(threads, threads.c.id == inbox.c.thread_id)
-            .where(
-                is_pending(inbox),
-                threads.c.status != ThreadStatus.STALLED.value,
-                *(
-                    []
-                    if now is None
-                    else [or_(threads.c.retry_at.is_(None), threads.c.retry_at <= as_utc(now))]
-                ),
-            )
-            .group_by(inbox.c.thread_id)
-            .order_by(func.min(inbox.c.id))
-            .limit(limit)
-        )
-        with self._tx() as conn:
-            return list(conn.execute(query).scalars())
+        with self._tx(direct=True) as conn:
+            ready = prepared(conn)
+            if now is None:
+                found = run(conn, ready.threads_to_wake, {"limit": limit})
+            else:
+                params = {"limit": limit, "now": as_utc(now)}
+                found = run(conn, ready.threads_to_wake_at, params)
+            return found.scalars()
 
     @retry_busy
     def next_timer_due(self) -> datetime | None:
-        timers = self._schema.timers
-        query = (
-            select(timers.c.due_at)
-            .where(timers.c.fired_at.is_(None))
-            .order_by(timers.c.due_at)
-            .limit(1)
-        )
-        with self._tx() as conn:
-            due: datetime | None = conn.execute(query).scalar_one_or_none()
+        with self._tx(direct=True) as conn:
+            found = run(conn, prepared(conn).next_timer_due).scalars()
+            due: datetime | None = found[0] if found else None
             return due
-
-    # tool-run claims (a running tool task's heartbeat) ----------------------------------
-
-    @retry_busy
-    def claim_outbox(self, outbox_id: int, until: datetime) -> bool:
-        """Start a run of the row, held until ``until``: False if it ran already or a live
-        run holds it (a duplicate task then does nothing)."""
-        outbox = self._schema.outbox
-        free = or_(outbox.c.claimed_until.is_(None), outbox.c.claimed_until < _now())
-        with self._tx(write=True) as conn:
-            claimed = conn.execute(
-                update(outbox)
-                .where(outbox.c.id == outbox_id, outbox.c.ran_at.is_(None), free)
-                .values(claimed_until=as_utc(until))
-            )
-            return claimed.rowcount == 1
-
-    @retry_busy
-    def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
-        """Extend the running task's claim (its heartbeat); False once the row ran."""
-        outbox = self._schema.outbox
-        with self._tx(write=True) as conn:
-            renewed = conn.execute(
-                update(outbox)
-                .where(outbox.c.id == outbox_id, outbox.c.ran_at.is_(None))
-                .values(claimed_until=as_utc(until))
-            )
-            return renewed.rowcount == 1
-
-    @retry_busy
-    def expired_claims(self, now: datetime, limit: int = 100) -> list[OutboxRow]:
-        """Rows a run started and stopped renewing (its worker died) that never ran."""
-        outbox = self._schema.outbox
-        query = (
-            select(outbox)
-            .where(outbox.c.ran_at.is_(None), outbox.c.claimed_until < as_utc(now))
-            .order_by(outbox.c.claimed_until, outbox.c.id)
-            .limit(limit)
-        )
-        with self._tx() as conn:
-            return [outbox_row(r) for r in conn.execute(query).mappings()]
-
-    @retry_busy
-    def reclaim_outbox(self, outbox_id: int, now: datetime) -> bool:
-        """Take back a row whose claim lapsed before ``now``, stamped as dispatched now;
-        True for the one sweeper that wins it (it then sends the row again)."""
-        outbox = self._schema.outbox
-        with self._tx(write=True) as conn:
-            taken = conn.execute(
-                update(outbox)
-                .where(
-                    outbox.c.id == outbox_id,
-                    outbox.c.ran_at.is_(None),
-                    outbox.c.claimed_until < as_utc(now),
-                )
-                .values(claimed_until=None, dispatched_at=as_utc(now))
-            )
-            return taken.rowcount == 1
 
     def close(self) -> None:
         self._engine.dispose()

@@ -20,12 +20,13 @@ from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.exc import DisconnectionError, OperationalError
 from sqlalchemy.pool import StaticPool
 
 from dormant.errors import ConfigurationError
 
 __all__ = [
+    "PING_IDLE_S",
     "SQLITE_BEGIN",
     "SQLITE_BUSY_ATTEMPTS",
     "SQLITE_BUSY_TIMEOUT_MS",
@@ -41,6 +42,9 @@ SQLITE_BUSY_ATTEMPTS = 6
 """Runs of one transaction that met a busy database, the first included."""
 SQLITE_BEGIN = "dormant_sqlite_begin"
 """The execution option naming how a SQLite transaction begins (``IMMEDIATE`` to write)."""
+PING_IDLE_S = 1.0
+"""A pooled PostgreSQL connection unused for longer is pinged before it is lent."""
+_USED_AT = "dormant_used_at"
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
 
 log = logging.getLogger("dormant.sql")
@@ -59,9 +63,33 @@ def make_engine(database_url: str, *, echo: bool = False) -> Engine:
     if backend == "sqlite":
         return _sqlite_engine(url, echo)
     if backend == "postgresql":
-        return create_engine(url, echo=echo, pool_pre_ping=True)
+        return _postgres_engine(url, echo)
     shown = url.render_as_string(hide_password=True)
     raise ConfigurationError(f"unsupported database {shown!r}: use sqlite:// or postgresql://")
+
+
+def _postgres_engine(url: URL, echo: bool) -> Engine:
+    """A pool that pings a connection before lending it only when it sat unused for
+    ``PING_IDLE_S``: a dropped server connection is found before it fails a transaction,
+    without a round trip per transaction of a busy worker (``pool_pre_ping`` pings always)."""
+    engine = create_engine(url, echo=echo)
+
+    def stamp(_dbapi_connection: Any, record: Any) -> None:
+        record.info[_USED_AT] = time.monotonic()
+
+    def ping_if_idle(dbapi_connection: Any, record: Any, _proxy: Any) -> None:
+        if time.monotonic() - record.info.get(_USED_AT, 0.0) <= PING_IDLE_S:
+            return
+        try:
+            alive = engine.dialect.do_ping(dbapi_connection)
+        except Exception as exc:
+            raise DisconnectionError(f"PostgreSQL connection lost: {exc}") from exc
+        if not alive:
+            raise DisconnectionError("PostgreSQL connection lost")
+
+    event.listen(engine, "checkin", stamp)
+    event.listen(engine, "checkout", ping_if_idle)
+    return engine
 
 
 def is_memory(url: URL) -> bool:

@@ -16,7 +16,6 @@ from sqlalchemy import Connection, Table, delete, exists, func, literal, or_, se
 from sqlalchemy.sql import Select
 
 from dormant.errors import DuplicateMessage, InboxFull, UnknownThread
-from dormant.stores import sql_rows as rows
 from dormant.stores import sql_statements as statements
 from dormant.stores.base import (
     RETRIED_MARK,
@@ -26,7 +25,9 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.sql_direct import run
 from dormant.stores.sql_engine import retry_busy
+from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_rows import inbox_row, is_open, thread_info
 from dormant.stores.tables import Schema, as_utc
 
@@ -39,22 +40,14 @@ def check_room(conn: Connection, thread_id: str, message_id: str, max_open: int 
     """Refuse a message id the history already holds (its inbox row may have been pruned,
     and a second copy would break the items' unique key at commit), and, with
     ``max_open``, a message for a thread whose inbox is full."""
-    t = rows.tables(conn)
-    in_history = select(t.items.c.seq).where(
-        t.items.c.thread_id == thread_id, t.items.c.message_id == message_id
-    )
-    if conn.execute(in_history.limit(1)).first() is not None:
+    ready = prepared(conn)
+    mine = {"thread_id": thread_id, "message_id": message_id}
+    if run(conn, ready.in_history, mine).first() is not None:
         raise DuplicateMessage(thread_id, message_id)
     if max_open is None:
         return
-    inbox = t.inbox
-    waiting = (
-        select(inbox.c.id)
-        .where(inbox.c.thread_id == thread_id, is_open(inbox))
-        .limit(max_open)
-        .subquery()
-    )
-    depth = conn.execute(select(func.count()).select_from(waiting)).scalar_one()
+    params = {"thread_id": thread_id, "max_open": max_open}
+    depth = int(run(conn, ready.open_depth, params).scalars()[0])
     if depth >= max_open:
         raise InboxFull(thread_id, depth)
 

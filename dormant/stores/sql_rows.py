@@ -7,10 +7,11 @@ exactly what ``dump_python(mode="json")`` produced.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, RowMapping, Table, literal_column
+from sqlalchemy import Connection, Table, literal_column
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 
@@ -48,7 +49,8 @@ __all__ = [
     "timer_values",
 ]
 
-Row = RowMapping
+Row = Mapping[Any, Any]
+"""A row by column name: SQLAlchemy's ``RowMapping`` or ``sql_direct``'s dict."""
 
 SCHEMA_OPTION = "dormant_schema"
 """The execution option naming the ``Schema`` (table prefix) of a connection's store."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, and_, case, select, update
+from sqlalchemy import Connection, select, update
 
 from dormant.errors import (
     CallAnswered,
@@ -33,12 +33,13 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.sql_direct import run, run_many
+from dormant.stores.sql_items import ItemCache
+from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_rows import (
     call_values,
     inbox_row,
     inbox_values,
-    insert_for,
-    is_open,
     item_values,
     outbox_row,
     stored_item,
@@ -71,11 +72,9 @@ __all__ = [
 
 def get_thread(conn: Connection, thread_id: str, *, share: bool = False) -> ThreadInfo:
     """The thread or ``UnknownThread``; ``share`` holds off concurrent commits to it."""
-    threads = tables(conn).threads
-    query = select(threads).where(threads.c.id == thread_id)
-    if share:
-        query = query.with_for_update(read=True)
-    row = conn.execute(query).mappings().first()
+    ready = prepared(conn)
+    query = ready.get_thread_share if share else ready.get_thread
+    row = run(conn, query, {"thread_id": thread_id}).first()
     if row is None:
         raise UnknownThread(thread_id)
     return thread_info(row)
@@ -83,56 +82,34 @@ def get_thread(conn: Connection, thread_id: str, *, share: bool = False) -> Thre
 
 def create_thread(conn: Connection, thread: NewThread, now: datetime) -> ThreadInfo:
     """Insert a thread; the primary key, not a prior read, decides that it is new."""
-    t = tables(conn)
-    threads, items = t.threads, t.items
-    stmt = (
-        insert_for(conn, threads)
-        .values(thread_values(thread, now))
-        .on_conflict_do_nothing(index_elements=["id"])
-        .returning(*threads.c)
-    )
-    row = conn.execute(stmt).mappings().first()
+    ready = prepared(conn)
+    row = run(conn, ready.create_thread, thread_values(thread, now)).first()
     if row is None:
         raise DuplicateMessage(thread.id, thread.id)
-    if thread.items:
-        conn.execute(items.insert().values([item_values(thread.id, s) for s in thread.items]))
+    insert_items(conn, thread.id, thread.items)
     upsert_calls(conn, thread.id, thread.calls)
     if thread.messages:
         first = [inbox_values(thread.id, mid, m, p, now) for mid, m, p in thread.messages]
-        conn.execute(tables(conn).inbox.insert().values(first))
+        conn.execute(tables(conn).inbox.insert(), first)
     return thread_info(row)
 
 
 def insert_inbox_ignoring_duplicates(conn: Connection, values: dict[str, Any]) -> InboxRow | None:
     """The new row, or None when the thread already received that message id."""
-    inbox = tables(conn).inbox
-    stmt = (
-        insert_for(conn, inbox)
-        .values(values)
-        .on_conflict_do_nothing(index_elements=["thread_id", "message_id"])
-        .returning(*inbox.c)
-    )
-    row = conn.execute(stmt).mappings().first()
+    row = run(conn, prepared(conn).insert_inbox_new, values).first()
     return None if row is None else inbox_row(row)
 
 
 def upsert_calls(conn: Connection, thread_id: str, records: list[CallRecord]) -> None:
-    calls = tables(conn).calls
-    if not records:
-        return
-    stmt = insert_for(conn, calls).values([call_values(thread_id, r) for r in records])
-    changed = ("name", "args", "seq", "state", "subscription", "passive")
-    stmt = stmt.on_conflict_do_update(
-        index_elements=["thread_id", "call_id"],
-        set_={name: stmt.excluded[name] for name in changed},
-    )
-    conn.execute(stmt)
+    if records:
+        values = [call_values(thread_id, r) for r in records]
+        run_many(conn, prepared(conn).upsert_calls, values)
 
 
 def insert_items(conn: Connection, thread_id: str, stored: list[StoredItem]) -> None:
     if stored:
-        items = tables(conn).items
-        conn.execute(items.insert().values([item_values(thread_id, s) for s in stored]))
+        values = [item_values(thread_id, s) for s in stored]
+        run_many(conn, prepared(conn).insert_items, values)
 
 
 def finish_rows(
@@ -142,27 +119,24 @@ def finish_rows(
     rejected: list[tuple[int, str]],
     deferred: list[int],
 ) -> None:
-    """Mark a slice's inbox rows done, rejected or deferred, in one statement; finished rows
-    stay as they are. Only a rejection writes a reason: a done or deferred row keeps its own
-    (a row retried after quarantine stays marked ``RETRIED_MARK``)."""
-    inbox = tables(conn).inbox
-    states = {row_id: InboxState.DONE.value for row_id in done}
-    states |= {row_id: InboxState.DEFERRED.value for row_id in deferred}
-    states |= {row_id: InboxState.REJECTED.value for row_id, _ in rejected}
-    if not states:
-        return
-    new_state: Any = (
-        next(iter(states.values())) if len(states) == 1 else case(states, value=inbox.c.id)
-    )
-    reasons = dict(rejected)
-    new_reason: Any = (
-        case(reasons, value=inbox.c.id, else_=inbox.c.reason) if reasons else inbox.c.reason
-    )
-    conn.execute(
-        update(inbox)
-        .where(inbox.c.id.in_(list(states)), inbox.c.thread_id == thread_id, is_open(inbox))
-        .values(state=new_state, reason=new_reason)
-    )
+    """Mark a slice's inbox rows done, rejected or deferred (one statement per fate, the
+    same statement whatever the count); finished rows stay as they are. Only a rejection
+    writes a reason: a done or deferred row keeps its own (a row retried after quarantine
+    stays marked ``RETRIED_MARK``). A row named twice takes the last fate: rejected over
+    deferred over done."""
+    ready = prepared(conn)
+    rejected_ids = {row_id for row_id, _ in rejected}
+    deferred_only = [i for i in deferred if i not in rejected_ids]
+    done_only = [i for i in done if i not in rejected_ids and i not in deferred_only]
+    fates = [(i, InboxState.DONE.value) for i in done_only]
+    fates += [(i, InboxState.DEFERRED.value) for i in deferred_only]
+    if fates:
+        many = [{"row_id": i, "b_thread_id": thread_id, "b_state": state} for i, state in fates]
+        run_many(conn, ready.finish_row, many)
+    if rejected:
+        reasons = dict(rejected)
+        many = [{"row_id": i, "b_thread_id": thread_id, "b_reason": r} for i, r in reasons.items()]
+        run_many(conn, ready.reject_row, many)
 
 
 def insert_outbox(
@@ -171,43 +145,30 @@ def insert_outbox(
     """Insert (thread_id, call_id, action) outbox rows in one statement, in that order."""
     if not entries:
         return []
-    outbox = tables(conn).outbox
-    values = [{"thread_id": t, "call_id": c, "action": a, "created_at": now} for t, c, a in entries]
-    found = conn.execute(outbox.insert().values(values).returning(*outbox.c)).mappings()
+    stmt = prepared(conn).insert_outbox
+    found = [
+        run(conn, stmt, {"thread_id": t, "call_id": c, "action": a, "created_at": now}).one()
+        for t, c, a in entries
+    ]
     return sorted((outbox_row(r) for r in found), key=lambda row: row.id)
 
 
 def insert_timers(conn: Connection, thread_id: str, new: list[NewTimer]) -> None:
     """Insert timers; one whose (thread_id, message_id) exists already is ignored."""
-    timers = tables(conn).timers
     if new:
-        stmt = insert_for(conn, timers).on_conflict_do_nothing(
-            index_elements=["thread_id", "message_id"]
-        )
-        conn.execute(stmt, [timer_values(thread_id, t) for t in new])
+        run_many(conn, prepared(conn).insert_timers, [timer_values(thread_id, t) for t in new])
 
 
 def cancel_timers(conn: Connection, thread_id: str, call_ids: list[str]) -> None:
-    timers = tables(conn).timers
     if call_ids:
-        conn.execute(
-            timers.delete().where(
-                timers.c.thread_id == thread_id,
-                timers.c.call_id.in_(call_ids),
-                timers.c.fired_at.is_(None),
-            )
-        )
+        many = [{"thread_id": thread_id, "call_id": call_id} for call_id in call_ids]
+        run_many(conn, prepared(conn).cancel_timers, many)
 
 
 def claim_timer(conn: Connection, timer_id: int, now: datetime) -> bool:
     """Set ``fired_at`` unless another sweeper already did: the claim is the UPDATE."""
-    timers = tables(conn).timers
-    stmt = (
-        update(timers)
-        .where(timers.c.id == timer_id, timers.c.fired_at.is_(None))
-        .values(fired_at=now)
-    )
-    return conn.execute(stmt).rowcount == 1
+    params = {"timer_id": timer_id, "now": now}
+    return run(conn, prepared(conn).claim_timer, params).rowcount == 1
 
 
 def enqueue_elsewhere(
@@ -217,9 +178,8 @@ def enqueue_elsewhere(
     skipped (threads are never deleted, so reading the targets first is race-free)."""
     if not entries:
         return
-    threads = tables(conn).threads
-    targets = {thread_id for thread_id, *_ in entries}
-    known = set(conn.execute(select(threads.c.id).where(threads.c.id.in_(targets))).scalars())
+    targets = sorted({thread_id for thread_id, *_ in entries})
+    known = set(conn.execute(prepared(conn).known_threads, {"ids": targets}).scalars())
     for thread_id, message_id, message, priority in entries:
         if thread_id in known:
             values = inbox_values(thread_id, message_id, message, priority, now)
@@ -232,24 +192,17 @@ def check_inbound(
     """Refuse a message the thread can never accept (the sender sees why). Unless
     ``answered_ok``, a result for a call that has its result (not a subscription) is refused:
     ``DuplicateMessage`` if it is that result again, else ``CallAnswered``."""
-    t = tables(conn)
-    threads, calls, inbox = t.threads, t.calls, t.inbox
+    ready = prepared(conn)
     if isinstance(message, UserMessage):
         if get_thread(conn, thread_id, share=True).status is ThreadStatus.CLOSED:
             raise ThreadClosed(thread_id)
         return
     # The thread (locked against a concurrent close) and the call, in one round trip.
-    its_call = and_(calls.c.thread_id == threads.c.id, calls.c.call_id == message.call_id)
-    query = (
-        select(threads.c.status, calls.c.state, calls.c.subscription)
-        .select_from(threads.outerjoin(calls, its_call))
-        .where(threads.c.id == thread_id)
-        .with_for_update(read=True, of=threads)
-    )
-    found = conn.execute(query).first()
+    params = {"thread_id": thread_id, "call_id": message.call_id}
+    found = run(conn, ready.thread_and_call, params).first()
     if found is None:
         raise UnknownThread(thread_id)
-    status, state, subscription = found
+    status, state, subscription = found["status"], found["state"], found["subscription"]
     if status == ThreadStatus.CLOSED.value:
         raise ThreadClosed(thread_id)
     if state is None:
@@ -258,57 +211,81 @@ def check_inbound(
         raise SubscriptionCancelled(thread_id, message.call_id)
     if answered_ok or state != CallState.ANSWERED.value or subscription:
         return
-    mine = (inbox.c.thread_id == thread_id, inbox.c.message_id == message_id)
-    if conn.execute(select(inbox.c.id).where(*mine)).first() is not None:
+    mine = {"thread_id": thread_id, "message_id": message_id}
+    if run(conn, ready.inbox_id_of, mine).first() is not None:
         raise DuplicateMessage(thread_id, message_id)
     raise CallAnswered(thread_id, message.call_id, message_id)
 
 
 def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
     """The version guard and the thread's new state, in one statement."""
-    threads = tables(conn).threads
-    seen = threads.c.inbox_seen
-    values: dict[str, Any] = {
-        "version": threads.c.version + 1,
-        "status": commit.status.value,
-        "inbox_seen": case((seen > commit.inbox_seen, seen), else_=commit.inbox_seen),
-        "failures": 0,
-        "last_error": "",
-        "retry_at": None,
-        "updated_at": now,
+    ready = prepared(conn)
+    params: dict[str, Any] = {
+        "thread_id": commit.thread_id,
+        "v": commit.version,
+        "b_status": commit.status.value,
+        "b_inbox_seen": commit.inbox_seen,
+        "now": now,
     }
+    stmt = ready.advance_thread
     if commit.usage is not None:
-        values["usage"] = commit.usage.model_dump(mode="json")
-    stmt = (
-        update(threads)
-        .where(threads.c.id == commit.thread_id, threads.c.version == commit.version)
-        .values(values)
-    )
-    return conn.execute(stmt).rowcount == 1
+        params["b_usage"] = commit.usage.model_dump(mode="json")
+        stmt = ready.advance_thread_usage
+    return run(conn, stmt, params).rowcount == 1
 
 
 # Lineage: inheritance and closing a subtree ------------------------------------------
 
 
 class ConnectionReader:
-    """``lineage.OwnItems`` on one open connection: a history is read in one snapshot."""
+    """``lineage.OwnItems`` on one open connection: a history is read in one snapshot.
 
-    def __init__(self, conn: Connection) -> None:
+    With a ``cache``, a thread this reader has read (``first``, or through ``thread``)
+    reads only the items committed since the cached ones (``sql_items.py`` says why that
+    is sound)."""
+
+    def __init__(
+        self, conn: Connection, cache: ItemCache | None = None, first: ThreadInfo | None = None
+    ) -> None:
         self._conn = conn
+        self._cache = cache
+        self._seen = {} if first is None else {first.id: first}
 
     def thread(self, thread_id: str) -> ThreadInfo:
-        return get_thread(self._conn, thread_id)
+        info = get_thread(self._conn, thread_id)
+        self._seen[thread_id] = info
+        return info
 
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
-        return own_items(self._conn, thread_id, upto_seq)
+        info = self._seen.get(thread_id)
+        if self._cache is None or info is None:
+            return own_items(self._conn, thread_id, upto_seq)
+        cached = self._cache.known(info)
+        if cached and upto_seq is not None and upto_seq <= cached[-1].seq:
+            return [s for s in cached if s.seq <= upto_seq]
+        after = cached[-1].seq if cached else None
+        items = cached + tuple(_items_after(self._conn, thread_id, after))
+        self._cache.keep(info, items)
+        if upto_seq is None:
+            return list(items)
+        return [s for s in items if s.seq <= upto_seq]
+
+
+def _items_after(conn: Connection, thread_id: str, after: int | None) -> list[StoredItem]:
+    """All the thread's items, or those after seq ``after``, in order."""
+    if after is None:
+        return own_items(conn, thread_id)
+    found = run(conn, prepared(conn).own_items_after, {"thread_id": thread_id, "after": after})
+    return [stored_item(r) for r in found.rows]
 
 
 def own_items(conn: Connection, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
-    items = tables(conn).items
-    query = select(items).where(items.c.thread_id == thread_id).order_by(items.c.seq)
-    if upto_seq is not None:
-        query = query.where(items.c.seq <= upto_seq)
-    return [stored_item(r) for r in conn.execute(query).mappings()]
+    ready = prepared(conn)
+    if upto_seq is None:
+        found = run(conn, ready.own_items, {"thread_id": thread_id})
+    else:
+        found = run(conn, ready.own_items_upto, {"thread_id": thread_id, "upto": upto_seq})
+    return [stored_item(r) for r in found.rows]
 
 
 def children(conn: Connection, thread_id: str) -> list[ThreadInfo]:

@@ -1,0 +1,210 @@
+"""Run a prepared statement (``sql_prepared.py``) on the driver's connection directly.
+
+A cached SQLAlchemy execution still costs tens of microseconds of Python per statement
+(cache key, execution context, events, result metadata) against a few for SQLite itself,
+and a slice runs a dozen statements. So the hot statements are compiled by SQLAlchemy once
+per dialect, and run here on the DBAPI cursor of the very connection (and transaction, or
+savepoint) that ``SQLStore._tx`` opened through SQLAlchemy: SQLAlchemy keeps building the
+SQL text, converting values (its bind and result processors for the column types, so rows
+are stored exactly as before) and translating driver errors into ``sqlalchemy.exc``.
+Statements that must stay visible to SQLAlchemy's events still go through ``execute``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Connection, Dialect, Engine
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.sql import ClauseElement
+
+__all__ = ["DirectConnection", "Found", "Plan", "direct_transaction", "run", "run_many"]
+
+Params = dict[str, Any]
+
+
+class Found:
+    """The rows (as dicts keyed by column name) and row count of one statement."""
+
+    __slots__ = ("rowcount", "rows")
+
+    def __init__(self, rows: list[dict[str, Any]], rowcount: int) -> None:
+        self.rows = rows
+        self.rowcount = rowcount
+
+    def first(self) -> dict[str, Any] | None:
+        return self.rows[0] if self.rows else None
+
+    def one(self) -> dict[str, Any]:
+        if len(self.rows) != 1:
+            raise LookupError(f"expected one row, found {len(self.rows)}")
+        return self.rows[0]
+
+    def scalars(self) -> list[Any]:
+        return [next(iter(row.values())) for row in self.rows]
+
+
+class Plan:
+    """One statement compiled for one dialect (and, for an INSERT, one set of columns)."""
+
+    __slots__ = ("binders", "defaults", "keys", "order", "readers", "sql")
+
+    def __init__(self, stmt: ClauseElement, dialect: Dialect, column_keys: Sequence[str]) -> None:
+        compiled: Any = stmt.compile(dialect=dialect, column_keys=list(column_keys))
+        self.sql: str = compiled.string
+        if "POSTCOMPILE" in self.sql:
+            raise ValueError(f"not runnable directly (expanding parameter): {self.sql}")
+        self.order: list[str] | None = list(compiled.positiontup) if compiled.positional else None
+        # Constants the statement binds itself (``failures=0``...), by bind name.
+        self.defaults: Params = {
+            name: bind.effective_value
+            for bind, name in compiled.bind_names.items()
+            if not bind.required
+        }
+        self.binders: list[tuple[str, Callable[[Any], Any]]] = [
+            (name, proc) for name, proc in compiled._bind_processors.items() if callable(proc)
+        ]
+        columns = compiled._result_columns
+        self.keys: list[str] = [entry.keyname for entry in columns]
+        self.readers: list[tuple[int, Callable[[Any], Any]]] = []
+        for index, entry in enumerate(columns):
+            reader = entry.type._cached_result_processor(dialect, None)
+            if reader is not None:
+                self.readers.append((index, reader))
+
+    def bind(self, params: Params) -> Any:
+        values = {**self.defaults, **params}
+        for name, proc in self.binders:
+            values[name] = proc(values[name])
+        if self.order is not None:
+            return tuple(values[name] for name in self.order)
+        return values
+
+    def row(self, raw: Sequence[Any]) -> dict[str, Any]:
+        if not self.readers:
+            return dict(zip(self.keys, raw, strict=True))
+        values = list(raw)
+        for index, reader in self.readers:
+            values[index] = reader(values[index])
+        return dict(zip(self.keys, values, strict=True))
+
+
+_plans: dict[tuple[int, str, tuple[str, ...]], Plan] = {}
+"""Compiled plans by (statement, dialect, insert columns): statements live as long as the
+process (``sql_prepared`` builds them once), so their ids are stable keys."""
+
+
+def _plan(conn: Connection, stmt: ClauseElement, params: Params) -> Plan:
+    columns = tuple(params) if getattr(stmt, "is_insert", False) else ()
+    key = (id(stmt), conn.dialect.name, columns)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = Plan(stmt, conn.dialect, columns)
+    return plan
+
+
+def run(conn: Connection, stmt: ClauseElement, params: Params | None = None) -> Found:
+    """Run ``stmt`` once on ``conn``'s driver connection, in its open transaction."""
+    params = params or {}
+    plan = _plan(conn, stmt, params)
+    bound = plan.bind(params)
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        cursor.execute(plan.sql, bound)
+        rows = [plan.row(r) for r in cursor.fetchall()] if plan.keys else []
+        return Found(rows, cursor.rowcount)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise _translated(conn, plan, bound, exc) from exc
+    finally:
+        cursor.close()
+
+
+def run_many(conn: Connection, stmt: ClauseElement, many: list[Params]) -> None:
+    """Run ``stmt`` once per parameter dict (the driver's ``executemany``); no rows back.
+    Every dict has the same keys."""
+    if not many:
+        return
+    plan = _plan(conn, stmt, many[0])
+    bound = [plan.bind(params) for params in many]
+    cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    try:
+        if len(bound) == 1:  # psycopg's executemany opens a pipeline: dearer for one row
+            cursor.execute(plan.sql, bound[0])
+        else:
+            cursor.executemany(plan.sql, bound)
+    except conn.dialect.loaded_dbapi.Error as exc:
+        raise _translated(conn, plan, bound, exc) from exc
+    finally:
+        cursor.close()
+
+
+def _translated(conn: Connection, plan: Plan, bound: Any, exc: Exception) -> Exception:
+    """The ``sqlalchemy.exc`` error SQLAlchemy would have raised (``IntegrityError``,
+    ``OperationalError``...), so callers and ``retry_busy`` see one kind of error."""
+    dialect = conn.dialect
+    return DBAPIError.instance(plan.sql, bound, exc, dialect.loaded_dbapi.Error, dialect=dialect)
+
+
+class DirectConnection:
+    """A pooled driver connection in a transaction begun here, shaped like the parts of
+    SQLAlchemy's ``Connection`` that ``run``, ``run_many`` and ``sql_rows.tables`` use
+    (``connection.dbapi_connection``, ``dialect``, ``get_execution_options``). Opening
+    and committing it skips SQLAlchemy's per-transaction machinery (events, the
+    ``Connection`` and ``Transaction`` objects), which cost more than a slice's SQL."""
+
+    __slots__ = ("_options", "connection", "dialect")
+
+    def __init__(self, fairy: Any, dialect: Dialect, options: dict[str, Any]) -> None:
+        self.connection = fairy
+        self.dialect = dialect
+        self._options = options
+
+    def get_execution_options(self) -> dict[str, Any]:
+        return self._options
+
+
+@contextmanager
+def direct_transaction(
+    engine: Engine, options: dict[str, Any], *, begin: str | None, snapshot: bool
+) -> Iterator[Any]:
+    """One transaction on a pooled driver connection: SQLite's begins with ``BEGIN
+    {begin}`` (the engine's connections are in autocommit mode, ``sql_engine.py``);
+    PostgreSQL's implicitly, at REPEATABLE READ with ``snapshot``. Committed on success,
+    rolled back on any error; driver errors come out as ``sqlalchemy.exc`` errors."""
+    dialect = engine.dialect
+    dbapi_error = dialect.loaded_dbapi.Error
+    fairy = engine.raw_connection()
+    raw = fairy.dbapi_connection
+    postgres = dialect.name == "postgresql"
+    isolated = postgres and snapshot
+    try:
+        try:
+            if begin is not None:
+                raw.execute(f"BEGIN {begin}")  # type: ignore[union-attr]
+            elif isolated:
+                raw.isolation_level = _repeatable_read()  # type: ignore[union-attr]
+            yield DirectConnection(fairy, dialect, options)
+            raw.commit()  # type: ignore[union-attr]
+        except BaseException as exc:
+            try:
+                raw.rollback()  # type: ignore[union-attr]
+            except dbapi_error:
+                fairy.invalidate()
+            if isinstance(exc, dbapi_error):
+                if dialect.is_disconnect(exc, raw, None):
+                    fairy.invalidate()
+                raise DBAPIError.instance(None, None, exc, dbapi_error, dialect=dialect) from exc
+            raise
+        finally:
+            if isolated and fairy.dbapi_connection is not None:
+                raw.isolation_level = None  # type: ignore[union-attr]
+    finally:
+        fairy.close()
+
+
+def _repeatable_read() -> Any:
+    from psycopg import IsolationLevel
+
+    return IsolationLevel.REPEATABLE_READ
