@@ -144,7 +144,7 @@ def test_taking_the_lease_clears_the_wake_mark_even_when_refused(
     assert marks.claim("t1", Priority.BACKGROUND)
 
 
-def test_a_slice_ends_in_one_round_trip_with_each_event_its_own_message(
+def test_a_slice_ends_in_one_command_with_each_event_its_own_message(
     redis_server: redis.Redis, prefix: str
 ) -> None:
     lease = RedisLease(redis_server, prefix)
@@ -161,20 +161,21 @@ def test_a_slice_ends_in_one_round_trip_with_each_event_its_own_message(
         ItemAdded(thread_id="t1", seq=1, item=UserText(text="hi")),
         ItemAdded(thread_id="t1", seq=2, item=UserText(text="there")),
     ]
-    round_trips: list[int] = []
-    execute = redis.client.Pipeline.execute
+    commands: list[str] = []
+    execute = redis.Redis.execute_command
 
-    def counted(pipe: redis.client.Pipeline, raise_on_error: bool = True) -> list[object]:
-        round_trips.append(len(pipe.command_stack))
-        return execute(pipe, raise_on_error)
+    def counted(client: redis.Redis, *args: object, **options: object) -> object:
+        commands.append(str(args[0]))
+        return execute(client, *args, **options)
 
-    redis.client.Pipeline.execute = counted  # type: ignore[method-assign]
+    ending.end("t0", "no lease", [], [])  # loads the script: once per Redis
+    redis.Redis.execute_command = counted  # type: ignore[method-assign]
     try:
         refused = ending.end("t1", token, ["m1"], sent)
     finally:
-        redis.client.Pipeline.execute = execute  # type: ignore[method-assign]
+        redis.Redis.execute_command = execute  # type: ignore[method-assign]
 
-    assert refused is False and len(round_trips) == 1
+    assert refused is False and commands == ["EVALSHA"]
     assert not lease.held("t1") and dedup.seen("t1", "m1")
     assert [e.seq for e in events.recent("t1") if isinstance(e, ItemAdded)] == [1, 2]
     received: list[str] = []
@@ -187,3 +188,37 @@ def test_a_slice_ends_in_one_round_trip_with_each_event_its_own_message(
     wait_until(drained, 5, "the published events")
     assert received == ["chunk", "item", "item"]
     pubsub.close()
+
+
+def test_a_slice_nobody_watches_publishes_nothing_yet_keeps_its_events(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    lease = RedisLease(redis_server, prefix)
+    events = RedisEvents(redis_server, prefix, keep=10)
+    ending = RedisSliceEnd(redis_server, lease, RedisDedup(redis_server, prefix, 60), events)
+    watcher = redis_server.pubsub()
+    watcher.subscribe(events.channel("watched"))
+    # A pattern subscription sees every PUBLISH on the threads' channels, and is no watcher.
+    spy = redis_server.pubsub()
+    spy.psubscribe(events.channel("*"))
+    for pubsub in (watcher, spy):
+        wait_until(lambda p=pubsub: p.get_message(timeout=0.1), 5, "the subscription")
+    for thread_id in ("unwatched", "watched"):
+        token = lease.acquire(thread_id, 30)
+        assert token is not None
+        item = ItemAdded(thread_id=thread_id, seq=1, item=UserText(text="hi"))
+        assert not ending.end(thread_id, token, [], [Chunk(thread_id=thread_id, text="c"), item])
+
+    assert [e.kind for e in events.recent("unwatched")] == ["item"]
+    received: list[tuple[str, str]] = []
+
+    def drained() -> bool:
+        while (message := spy.get_message()) is not None:
+            event = json.loads(message["data"])
+            received.append((event["thread_id"], event["kind"]))
+        return len(received) >= 2
+
+    wait_until(drained, 5, "the watched thread's events")
+    assert received == [("watched", "chunk"), ("watched", "item")]
+    watcher.close()
+    spy.close()
