@@ -98,9 +98,8 @@ for _ = 1, count do
   local channel, list, data = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2]
   at = at + 3
   if watched[channel] == nil then
-    watched[channel] = redis.call('PUBSUB', 'NUMSUB', channel)[2] > 0
-  end
-  if watched[channel] then
+    watched[channel] = redis.call('PUBLISH', channel, data) > 0
+  elseif watched[channel] then
     redis.call('PUBLISH', channel, data)
   end
   if list > 0 then
@@ -332,11 +331,10 @@ class RedisSliceEnd:
     """``SliceEnd`` in one command (``EVALSHA``): the ids the slice applied (dedup fast
     path), its events and the release of its lease, in that order.
 
-    Each event is still its own message on the thread's channel, but it is published only
-    if the channel has a subscriber (``PUBSUB NUMSUB``, asked once per channel inside the
-    script): a slice nobody watches publishes nothing. Pattern subscriptions
-    (``PSUBSCRIBE``) do not count as watchers, since every Celery worker on the same Redis
-    holds one (kombu's broadcast channels): subscribe to the thread's channel by name.
+    Each event is still its own message on the thread's channel, but only the first is
+    published when nobody receives it: ``PUBLISH`` answers how many subscribers got it
+    (pattern subscriptions included), and a channel that answered 0 gets no more of this
+    slice's events. A slice nobody watches publishes once.
     The non-chunk events are kept for ``RedisEvents.recent`` whether or not anyone listens.
     """
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from conftest import wait_until
+from conftest import OwnRedis, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -190,35 +190,40 @@ def test_a_slice_ends_in_one_command_with_each_event_its_own_message(
     pubsub.close()
 
 
-def test_a_slice_nobody_watches_publishes_nothing_yet_keeps_its_events(
-    redis_server: redis.Redis, prefix: str
+def test_a_slice_nobody_watches_publishes_once_yet_keeps_its_events(
+    own_redis: OwnRedis,
 ) -> None:
-    lease = RedisLease(redis_server, prefix)
-    events = RedisEvents(redis_server, prefix, keep=10)
-    ending = RedisSliceEnd(redis_server, lease, RedisDedup(redis_server, prefix, 60), events)
-    watcher = redis_server.pubsub()
-    watcher.subscribe(events.channel("watched"))
-    # A pattern subscription sees every PUBLISH on the threads' channels, and is no watcher.
-    spy = redis_server.pubsub()
-    spy.psubscribe(events.channel("*"))
-    for pubsub in (watcher, spy):
-        wait_until(lambda p=pubsub: p.get_message(timeout=0.1), 5, "the subscription")
+    client = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    prefix = "ends"
+    lease = RedisLease(client, prefix)
+    events = RedisEvents(client, prefix, keep=10)
+    ending = RedisSliceEnd(client, lease, RedisDedup(client, prefix, 60), events)
+    watcher = client.pubsub()
+    watcher.psubscribe(events.channel("watched*"))  # a pattern subscriber is a watcher
+    wait_until(lambda: watcher.get_message(timeout=0.1), 5, "the subscription")
+
+    def publishes() -> int:
+        return int(client.info("commandstats").get("cmdstat_publish", {}).get("calls", 0))
+
+    counts = []
     for thread_id in ("unwatched", "watched"):
         token = lease.acquire(thread_id, 30)
         assert token is not None
-        item = ItemAdded(thread_id=thread_id, seq=1, item=UserText(text="hi"))
-        assert not ending.end(thread_id, token, [], [Chunk(thread_id=thread_id, text="c"), item])
+        items = [ItemAdded(thread_id=thread_id, seq=n, item=UserText(text="hi")) for n in (1, 2)]
+        before = publishes()
+        assert not ending.end(thread_id, token, [], [Chunk(thread_id=thread_id, text="c"), *items])
+        counts.append(publishes() - before)
 
-    assert [e.kind for e in events.recent("unwatched")] == ["item"]
-    received: list[tuple[str, str]] = []
+    assert counts == [1, 3]
+    assert [e.kind for e in events.recent("unwatched")] == ["item", "item"]
+    received: list[str] = []
 
     def drained() -> bool:
-        while (message := spy.get_message()) is not None:
-            event = json.loads(message["data"])
-            received.append((event["thread_id"], event["kind"]))
-        return len(received) >= 2
+        while (message := watcher.get_message()) is not None:
+            received.append(json.loads(message["data"])["kind"])
+        return len(received) >= 3
 
     wait_until(drained, 5, "the watched thread's events")
-    assert received == [("watched", "chunk"), ("watched", "item")]
+    assert received == ["chunk", "item", "item"]
     watcher.close()
-    spy.close()
+    client.close()
