@@ -2,11 +2,14 @@
 
     python bench/celery_throughput.py [--quick] [--out bench/results/celery.json]
         [--phases throughput,latency,waiting,idle] [--wait-agents N] [--wait-s S]
+        [--worker-cli dormant|celery]
 
 Needs the local PostgreSQL and Redis. Creates a database ``dormant_bench_<hex>`` (dropped
 at the end) and uses Redis db ``--redis-db`` (12; never 0) under a fresh key prefix and
-broker prefix (deleted at the end). Workers are real ``celery -A celery_app worker -P
-threads`` processes on ``bench/celery_app.py``. Every dormant figure is counted when the
+broker prefix (deleted at the end). Workers are real Celery worker processes (``-P
+threads``) on ``bench/celery_app.py``, started as ``dormant worker`` starts one
+(``bench/celery_worker.py``) or, with ``--worker-cli celery``, by ``celery -A celery_app
+worker``; the harness is ``bench/celery_bench.py``. Every dormant figure is counted when the
 commit is visible in PostgreSQL (the assistant rows), never inside the model call.
 
 1. Throughput, 1 and 2 worker processes (``-c 8`` each): no-op tasks/s, then dormant
@@ -30,7 +33,6 @@ import os
 import secrets
 import signal
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -39,133 +41,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import redis
+from celery_bench import HERE, Bench, database
 from celery_scale import add_idle_threads, make_template, worker_rss_bytes
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy import text
 
-HERE = Path(__file__).resolve().parent
 console = Console(width=130)
-
-
-class Bench:
-    """One run: the settings, a client, the Redis keys, and the workers it started."""
-
-    def __init__(self, env: dict[str, str], redis_url: str) -> None:
-        from dormant.client import Client
-        from dormant.settings import Settings
-
-        self.env = env
-        self.settings = Settings.from_env(env)
-        self.client = Client.from_settings(self.settings)
-        self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
-        self.engine: Engine = create_engine(
-            make_url(self.settings.database_url).set(drivername="postgresql+psycopg")
-        )
-        self.prefix = self.settings.key_prefix
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self.producer: Any = None
-        self.log = HERE / "results" / "celery-workers.log"
-
-    def key(self, name: str) -> str:
-        return f"{self.prefix}:bench:{name}"
-
-    # workers ----------------------------------------------------------------------------
-
-    def start_workers(self, count: int, concurrency: int = 8) -> None:
-        for n in range(count):
-            argv = [sys.executable, "-m", "celery", "-A", "celery_app", "worker", "-P", "threads"]
-            argv += ["-c", str(concurrency), "-n", f"bench{n}-{self.prefix}@%h", "-l", "warning"]
-            argv += ["-Q", "dormant.interactive,dormant.background,dormant.tools"]
-            argv += ["--without-heartbeat", "--without-gossip", "--without-mingle"]
-            env = {**os.environ, **self.env, "PYTHONPATH": str(HERE)}
-            self.log.parent.mkdir(parents=True, exist_ok=True)
-            with open(self.log, "ab") as log:
-                worker = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
-            self.workers.append(worker)
-
-    def ready(self, tasks: int = 20) -> None:
-        """Wait until the workers run tasks: no measurement includes a worker's start."""
-        self.redis.set(self.key("done"), 0)
-        for _ in range(tasks):
-            self.noop()
-        self.wait(self.done, tasks, timeout_s=300)
-
-    def stop_workers(self) -> None:
-        for worker in self.workers:
-            worker.kill()
-            worker.wait()
-        self.workers = []
-
-    def check_workers(self) -> None:
-        for worker in self.workers:
-            if worker.poll() is not None:
-                raise RuntimeError(
-                    f"worker {worker.pid} exited with {worker.returncode}: see {self.log}"
-                )
-
-    def drain(self, timeout_s: float = 900) -> None:
-        """Wait until the broker's queues are empty: no phase inherits another's backlog."""
-        pattern = f"{self.settings.broker_key_prefix}dormant.*"
-
-        def queued() -> int:
-            keys = [k for k in self.redis.scan_iter(match=pattern) if self.redis.type(k) == "list"]
-            return sum(self.redis.llen(k) for k in keys)
-
-        deadline = time.monotonic() + timeout_s
-        while queued():
-            self.check_workers()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"broker queues not empty after {timeout_s} s")
-            time.sleep(0.05)
-
-    # counting ---------------------------------------------------------------------------
-
-    def noop(self, sample: str = "") -> None:
-        from dormant.worker import QUEUE_BACKGROUND
-
-        self._app().send_task("bench.noop", args=[sample], queue=QUEUE_BACKGROUND)
-
-    def _app(self) -> Any:
-        """A producer on the same broker and configuration as the client's dispatcher."""
-        if self.producer is None:
-            from celery import Celery
-
-            from dormant.worker import celery_config
-
-            self.producer = Celery("bench", set_as_current=False)
-            self.producer.conf.update(celery_config(self.settings))
-        return self.producer
-
-    def done(self) -> int:
-        return int(self.redis.get(self.key("done")) or 0)
-
-    def committed(self, prefix: str) -> int:
-        """Assistant turns committed by threads whose id starts with ``prefix``."""
-        query = "SELECT count(*) FROM items WHERE kind = 'assistant' AND thread_id LIKE :p"
-        with self.engine.connect() as conn:
-            return int(conn.execute(text(query), {"p": prefix + "%"}).scalar_one())
-
-    def wait(self, count: Callable[[], int], expected: int, timeout_s: float = 900) -> float:
-        """Poll ``count`` until it reaches ``expected``; the monotonic time it was seen."""
-        deadline = time.monotonic() + timeout_s
-        while (seen := count()) < expected:
-            self.check_workers()
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"only {seen} of {expected} after {timeout_s} s")
-            time.sleep(0.01)
-        return time.monotonic()
-
-    def close(self) -> None:
-        self.stop_workers()
-        self.client.close()
-        self.engine.dispose()
-        keys = list(self.redis.scan_iter(match=f"{self.prefix}*", count=1000))
-        for start in range(0, len(keys), 500):
-            self.redis.delete(*keys[start : start + 500])
-        self.redis.close()
 
 
 def warm_up(bench: Bench) -> dict[str, float]:
@@ -337,30 +219,6 @@ def bench_idle_count(bench: Bench) -> int:
         return int(conn.execute(text("SELECT count(*) FROM threads")).scalar_one())
 
 
-@contextmanager
-def database(admin_url: str) -> Iterator[str]:
-    from dormant.stores.sql import upgrade
-
-    admin = create_engine(
-        make_url(admin_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT"
-    )
-    name = f"dormant_bench_{secrets.token_hex(4)}"
-    with admin.connect() as conn:
-        conn.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        upgrade(url)
-        yield url
-    finally:
-        with admin.connect() as conn:
-            conn.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
-                {"n": name},
-            )
-            conn.execute(text(f'DROP DATABASE "{name}"'))
-        admin.dispose()
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the sizes of `make bench`")
@@ -371,6 +229,12 @@ def main() -> None:
     parser.add_argument("--phases", default="throughput,latency,waiting,idle")
     parser.add_argument("--wait-agents", type=int, help="override the size's agents waiting")
     parser.add_argument("--wait-s", type=float, help="override the size's wait per agent")
+    parser.add_argument(
+        "--worker-cli",
+        choices=("dormant", "celery"),
+        default="dormant",
+        help="start workers as `dormant worker` does, or through `celery -A celery_app worker`",
+    )
     args = parser.parse_args()
     if args.redis_db == 0:
         parser.error("the bench never uses Redis db 0")
@@ -394,7 +258,11 @@ def main() -> None:
     sizes["phases"] = args.phases.split(",")
     redis_url = f"{args.redis_host}/{args.redis_db}"
     prefix = f"dormant_bench_{secrets.token_hex(4)}"
-    results: dict[str, Any] = {"sizes": sizes, "cpus": os.cpu_count()}
+    results: dict[str, Any] = {
+        "sizes": sizes,
+        "cpus": os.cpu_count(),
+        "worker_cli": args.worker_cli,
+    }
     with database(args.postgres_url) as database_url:
         env = {
             "DORMANT_DATABASE_URL": database_url,
@@ -405,7 +273,7 @@ def main() -> None:
             "DORMANT_SECRET_KEY": secrets.token_hex(16),
             "DORMANT_AGENTS": "celery_app",
         }
-        bench = Bench(env, redis_url)
+        bench = Bench(env, redis_url, args.worker_cli)
         try:
             run(bench, sizes, results)
         finally:

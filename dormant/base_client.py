@@ -187,7 +187,6 @@ class BaseClient(ABC):
             self.verify_token(thread_id, call_id, token)
         content = as_text(result)
         self._check_size(thread_id, content)
-        message_id = message_id or new_message_id()
         message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
         # A new result on an answered call (not a subscription) would change nothing: the
         # store refuses it (``CallAnswered``) in the transaction that would queue it.
@@ -336,8 +335,11 @@ class BaseClient(ABC):
         """Store and wake; ``limited`` input (user text, events) is refused with
         ``InboxFull`` past ``max_inbox_depth``. Tool results never are: a call must get
         its result, and the thread is what drains its inbox."""
-        message_id = message_id or new_message_id()
-        if self.dedup.seen(thread_id, message_id):
+        # Only a caller's own id can have been seen: a fresh one skips the fast path (a
+        # Redis round trip on every deliver), and SQL's unique key stays the guarantee.
+        if not message_id:
+            message_id = new_message_id()
+        elif self.dedup.seen(thread_id, message_id):
             raise DuplicateMessage(thread_id, message_id)
         depth = self.settings.max_inbox_depth
         max_open = depth if limited and depth > 0 else None

@@ -21,14 +21,13 @@ import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import Celery, Task
 
 from dormant.agents import AgentRegistry
 from dormant.client import Client
 from dormant.errors import CrashPoint, LeaseLost, NotFound, SliceFailed
-from dormant.labels import LabelledSQLStore, TaskLabels
 from dormant.prune import prune
 from dormant.settings import Settings
 from dormant.slice import (
@@ -68,6 +67,11 @@ from dormant.worker import (
     load_agents,
 )
 
+if TYPE_CHECKING:
+    # The SQL store (SQLAlchemy, the migrations' Alembic) is imported when the runtime is
+    # built, on the worker's warm-up thread once it consumes, not before it starts.
+    from dormant.labels import LabelledSQLStore
+
 __all__ = ["LazyRuntime", "Runtime", "outcome_text", "register_tasks"]
 
 log = logging.getLogger("dormant.tasks")
@@ -89,6 +93,8 @@ class Runtime:
 
     @classmethod
     def build(cls, celery_app: Celery, settings: Settings, agents: AgentRegistry) -> Runtime:
+        from dormant.labels import LabelledSQLStore, TaskLabels
+
         settings = settings.require_secret()  # tools' callback URLs are signed
         client = redis_client(settings)
         prefix = settings.key_prefix

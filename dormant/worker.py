@@ -57,6 +57,7 @@ __all__ = [
     "load_agents",
     "run_beat",
     "run_worker",
+    "start_worker",
 ]
 
 _log = logging.getLogger("dormant.worker")
@@ -451,14 +452,35 @@ def run_worker(
 ) -> int:
     """Run a Celery worker in this process with the threads pool (slices wait on I/O);
     returns its exit code (non-zero when it stopped on an error)."""
-    argv = ["worker", "-P", "threads", "-c", str(concurrency), "-l", loglevel]
-    argv += ["-Q", ",".join(queues)]
-    if hostname:
-        argv += ["-n", hostname]
-    # Celery's worker_main drops the worker's exit code (app.start returns it): a worker
-    # stopped by an unrecoverable error would exit 0 and no supervisor would restart it.
-    code = create_app(settings, agents).start(argv)
-    return int(code or 0)
+    app = create_app(settings, agents)
+    return start_worker(
+        app, concurrency=concurrency, queues=queues, loglevel=loglevel, hostname=hostname
+    )
+
+
+def start_worker(
+    celery_app: Celery,
+    *,
+    concurrency: int = 8,
+    queues: Sequence[str] = QUEUES,
+    loglevel: str = "info",
+    hostname: str | None = None,
+) -> int:
+    """What ``celery -A app worker -P threads -c N -Q ... -l L -n H`` does, without Celery's
+    command line: that imports every ``celery.commands`` plugin (Flower and its Tornado
+    app) and ``click_repl``, about half of a worker's start-up CPU, for a worker that needs
+    none of them. Returns the worker's exit code (``worker_main`` drops it)."""
+    from celery.apps.worker import Worker  # the worker's own modules: not for clients
+
+    worker: Worker = celery_app.Worker(
+        hostname=hostname,
+        pool_cls="threads",
+        concurrency=concurrency,
+        queues=list(queues),
+        loglevel=loglevel,
+    )
+    worker.start()
+    return int(worker.exitcode or 0)
 
 
 def run_beat(settings: Settings, *, loglevel: str = "info") -> None:

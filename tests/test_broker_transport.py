@@ -73,8 +73,14 @@ def test_the_redis_broker_uses_dormants_transport_and_reconnects_for_ever() -> N
     assert "broker_transport" not in amqp
 
 
+@pytest.mark.filterwarnings("ignore::celery.exceptions.SecurityWarning")  # CI runs as root
 def test_a_worker_stopped_by_an_error_exits_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Celery's ``app.start`` returns the worker's exit code; ``worker_main`` dropped it."""
-    monkeypatch.setattr(dormant_worker.Celery, "start", lambda _app, _argv=None: 1)
+    """``run_worker`` returns the worker's exit code (``worker_main`` dropped it)."""
+    from celery.apps.worker import Worker
+
+    def stopped_on_an_error(worker: Worker) -> None:
+        worker.exitcode = 1
+
+    monkeypatch.setattr(Worker, "start", stopped_on_an_error)
     settings = Settings(secret_keys=("k",), broker_url="redis://127.0.0.1:6379/0")
     assert dormant_worker.run_worker(settings, agents=[]) == 1

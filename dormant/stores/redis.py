@@ -76,6 +76,50 @@ end
 return 0
 """
 
+# KEYS[1] the lease, KEYS[2] its "refused" flag, KEYS[3] the thread's dedup set, KEYS[4..]
+# the recent-event lists; ARGV: the holder's token, the dedup ttl in ms, the number of
+# applied ids and the ids, how many events to keep, their ttl in ms, the number of events
+# and for each its channel, the index in KEYS of its recent list (0: not kept) and its JSON.
+# Returns _RELEASE's answer.
+_END = """
+local token = ARGV[1]
+local ids = tonumber(ARGV[3])
+for first = 4, 3 + ids, 500 do
+  redis.call('SADD', KEYS[3], unpack(ARGV, first, math.min(first + 499, 3 + ids)))
+end
+if ids > 0 then
+  redis.call('PEXPIRE', KEYS[3], ARGV[2])
+end
+local at = 4 + ids
+local keep, kept_ttl, count = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2])
+at = at + 3
+local watched = {}
+for _ = 1, count do
+  local channel, list, data = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2]
+  at = at + 3
+  if watched[channel] == nil then
+    watched[channel] = redis.call('PUBLISH', channel, data) > 0
+  elseif watched[channel] then
+    redis.call('PUBLISH', channel, data)
+  end
+  if list > 0 then
+    redis.call('RPUSH', KEYS[list], data)
+  end
+end
+for list = 4, #KEYS do
+  redis.call('LTRIM', KEYS[list], -keep, -1)
+  redis.call('PEXPIRE', KEYS[list], kept_ttl)
+end
+local refused = redis.call('GET', KEYS[2])
+if redis.call('GET', KEYS[1]) == token then
+  redis.call('DEL', KEYS[1], KEYS[2])
+end
+if refused then
+  return 1
+end
+return 0
+"""
+
 
 def redis_client(settings: Settings) -> Redis:
     """A client for ``settings.redis_url`` answering ``str`` (its pool is thread-safe), with
@@ -125,12 +169,13 @@ class RedisLease:
     def _key(self, thread_id: str) -> str:
         return f"{self._prefix}:lease:{thread_id}"
 
-    def _keys(self, thread_id: str) -> list[str]:
+    def keys(self, thread_id: str) -> list[str]:
+        """The lease's key and its "refused" flag's."""
         return [self._key(thread_id), f"{self._prefix}:refused:{thread_id}"]
 
     def acquire(self, thread_id: str, ttl_s: float) -> str | None:
         token = secrets.token_hex(16)
-        keys = self._keys(thread_id)
+        keys = self.keys(thread_id)
         if self._marks is not None:
             keys.append(self._marks.key(thread_id))
         taken = self._acquire(keys=keys, args=[token, _ms(ttl_s)])
@@ -140,13 +185,7 @@ class RedisLease:
         return bool(self._renew(keys=[self._key(thread_id)], args=[token, _ms(ttl_s)]))
 
     def release(self, thread_id: str, token: str) -> bool:
-        return bool(self._release(keys=self._keys(thread_id), args=[token]))
-
-    def release_queued(self, pipe: Pipeline, thread_id: str, token: str) -> None:
-        """Queue ``release`` on ``pipe``; its reply is the pipeline's result for it. ``EVAL``,
-        not the registered script: redis-py checks a pipeline's scripts with an extra
-        ``SCRIPT EXISTS`` round trip first."""
-        pipe.eval(_RELEASE, 2, *self._keys(thread_id), token)
+        return bool(self._release(keys=self.keys(thread_id), args=[token]))
 
     def held(self, thread_id: str) -> bool:
         return bool(self._client.exists(self._key(thread_id)))
@@ -159,14 +198,14 @@ class RedisDedup:
     def __init__(self, client: Redis, prefix: str, ttl_s: float) -> None:
         self._client = client
         self._prefix = prefix
-        self._ttl_s = ttl_s
+        self.ttl_s = ttl_s
 
-    def _key(self, thread_id: str) -> str:
+    def key(self, thread_id: str) -> str:
         return f"{self._prefix}:dedup:{thread_id}"
 
     def seen(self, thread_id: str, message_id: str) -> bool:
         try:
-            return bool(self._client.sismember(self._key(thread_id), message_id))
+            return bool(self._client.sismember(self.key(thread_id), message_id))
         except redis.RedisError:
             log.warning(
                 "dedup lookup failed for thread %s; relying on SQL", thread_id, exc_info=True
@@ -186,9 +225,9 @@ class RedisDedup:
     def add_queued(self, pipe: Pipeline, thread_id: str, message_ids: list[str]) -> None:
         """Queue ``add`` on ``pipe`` (the end of a slice sends it with the lease release)."""
         if message_ids:
-            key = self._key(thread_id)
+            key = self.key(thread_id)
             pipe.sadd(key, *message_ids)
-            pipe.pexpire(key, _ms(self._ttl_s))
+            pipe.pexpire(key, _ms(self.ttl_s))
 
 
 class RedisWakeMarks:
@@ -238,13 +277,13 @@ class RedisEvents:
     ) -> None:
         self._client = client
         self._prefix = prefix
-        self._keep = keep
-        self._ttl_s = ttl_s
+        self.keep = keep
+        self.ttl_s = ttl_s
 
     def channel(self, thread_id: str) -> str:
         return f"{self._prefix}:events:{thread_id}"
 
-    def _recent_key(self, thread_id: str) -> str:
+    def recent_key(self, thread_id: str) -> str:
         return f"{self._prefix}:recent:{thread_id}"
 
     def publish(self, event: Event) -> None:
@@ -277,36 +316,53 @@ class RedisEvents:
             if not isinstance(event, Chunk):
                 kept.setdefault(event.thread_id, []).append(data)
         for thread_id, datas in kept.items():
-            key = self._recent_key(thread_id)
+            key = self.recent_key(thread_id)
             pipe.rpush(key, *datas)
-            pipe.ltrim(key, -self._keep, -1)
-            pipe.pexpire(key, _ms(self._ttl_s))
+            pipe.ltrim(key, -self.keep, -1)
+            pipe.pexpire(key, _ms(self.ttl_s))
 
     def recent(self, thread_id: str) -> list[Event]:
         """The kept events of ``thread_id``, oldest first (chunks are never kept)."""
-        raw = cast(list[Any], self._client.lrange(self._recent_key(thread_id), 0, -1))
+        raw = cast(list[Any], self._client.lrange(self.recent_key(thread_id), 0, -1))
         return [EventAdapter.validate_json(data) for data in raw]
 
 
 class RedisSliceEnd:
-    """``SliceEnd`` in one round trip: the ids the slice applied (dedup fast path), its
-    events and the release of its lease, pipelined in that order."""
+    """``SliceEnd`` in one command (``EVALSHA``): the ids the slice applied (dedup fast
+    path), its events and the release of its lease, in that order.
+
+    Each event is still its own message on the thread's channel, but only the first is
+    published when nobody receives it: ``PUBLISH`` answers how many subscribers got it
+    (pattern subscriptions included), and a channel that answered 0 gets no more of this
+    slice's events. A slice nobody watches publishes once.
+    The non-chunk events are kept for ``RedisEvents.recent`` whether or not anyone listens.
+    """
 
     def __init__(
         self, client: Redis, lease: RedisLease, dedup: RedisDedup, events: RedisEvents
     ) -> None:
-        self._client = client
         self._lease = lease
         self._dedup = dedup
         self._events = events
+        self._end = client.register_script(_END)
 
     def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
+        keys = [*self._lease.keys(thread_id), self._dedup.key(thread_id)]
+        recent_index: dict[str, int] = {}
+        published: list[str] = []
+        for event in events:
+            kept = 0
+            if not isinstance(event, Chunk):
+                recent = self._events.recent_key(event.thread_id)
+                if recent not in recent_index:
+                    keys.append(recent)
+                    recent_index[recent] = len(keys)  # Lua's KEYS are 1-based
+                kept = recent_index[recent]
+            published += [self._events.channel(event.thread_id), str(kept), _json(event)]
+        args: list[str | int] = [token, _ms(self._dedup.ttl_s), len(message_ids), *message_ids]
+        args += [self._events.keep, _ms(self._events.ttl_s), len(events), *published]
         try:
-            with self._client.pipeline(transaction=False) as pipe:
-                self._dedup.add_queued(pipe, thread_id, message_ids)
-                self._events.publish_queued(pipe, events)
-                self._lease.release_queued(pipe, thread_id, token)
-                replies = pipe.execute()
+            refused = self._end(keys=keys, args=args)
         except redis.RedisError:
             log.warning(
                 "ending the slice of thread %s in Redis failed: its lease expires on its own",
@@ -314,4 +370,4 @@ class RedisSliceEnd:
                 exc_info=True,
             )
             raise
-        return bool(replies[-1])
+        return bool(refused)

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
-from conftest import wait_until
+from conftest import OwnRedis, wait_until
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
@@ -144,7 +144,7 @@ def test_taking_the_lease_clears_the_wake_mark_even_when_refused(
     assert marks.claim("t1", Priority.BACKGROUND)
 
 
-def test_a_slice_ends_in_one_round_trip_with_each_event_its_own_message(
+def test_a_slice_ends_in_one_command_with_each_event_its_own_message(
     redis_server: redis.Redis, prefix: str
 ) -> None:
     lease = RedisLease(redis_server, prefix)
@@ -161,20 +161,21 @@ def test_a_slice_ends_in_one_round_trip_with_each_event_its_own_message(
         ItemAdded(thread_id="t1", seq=1, item=UserText(text="hi")),
         ItemAdded(thread_id="t1", seq=2, item=UserText(text="there")),
     ]
-    round_trips: list[int] = []
-    execute = redis.client.Pipeline.execute
+    commands: list[str] = []
+    execute = redis.Redis.execute_command
 
-    def counted(pipe: redis.client.Pipeline, raise_on_error: bool = True) -> list[object]:
-        round_trips.append(len(pipe.command_stack))
-        return execute(pipe, raise_on_error)
+    def counted(client: redis.Redis, *args: object, **options: object) -> object:
+        commands.append(str(args[0]))
+        return execute(client, *args, **options)
 
-    redis.client.Pipeline.execute = counted  # type: ignore[method-assign]
+    ending.end("t0", "no lease", [], [])  # loads the script: once per Redis
+    redis.Redis.execute_command = counted  # type: ignore[method-assign]
     try:
         refused = ending.end("t1", token, ["m1"], sent)
     finally:
-        redis.client.Pipeline.execute = execute  # type: ignore[method-assign]
+        redis.Redis.execute_command = execute  # type: ignore[method-assign]
 
-    assert refused is False and len(round_trips) == 1
+    assert refused is False and commands == ["EVALSHA"]
     assert not lease.held("t1") and dedup.seen("t1", "m1")
     assert [e.seq for e in events.recent("t1") if isinstance(e, ItemAdded)] == [1, 2]
     received: list[str] = []
@@ -187,3 +188,42 @@ def test_a_slice_ends_in_one_round_trip_with_each_event_its_own_message(
     wait_until(drained, 5, "the published events")
     assert received == ["chunk", "item", "item"]
     pubsub.close()
+
+
+def test_a_slice_nobody_watches_publishes_once_yet_keeps_its_events(
+    own_redis: OwnRedis,
+) -> None:
+    client = redis.Redis.from_url(own_redis.url, decode_responses=True)
+    prefix = "ends"
+    lease = RedisLease(client, prefix)
+    events = RedisEvents(client, prefix, keep=10)
+    ending = RedisSliceEnd(client, lease, RedisDedup(client, prefix, 60), events)
+    watcher = client.pubsub()
+    watcher.psubscribe(events.channel("watched*"))  # a pattern subscriber is a watcher
+    wait_until(lambda: watcher.get_message(timeout=0.1), 5, "the subscription")
+
+    def publishes() -> int:
+        return int(client.info("commandstats").get("cmdstat_publish", {}).get("calls", 0))
+
+    counts = []
+    for thread_id in ("unwatched", "watched"):
+        token = lease.acquire(thread_id, 30)
+        assert token is not None
+        items = [ItemAdded(thread_id=thread_id, seq=n, item=UserText(text="hi")) for n in (1, 2)]
+        before = publishes()
+        assert not ending.end(thread_id, token, [], [Chunk(thread_id=thread_id, text="c"), *items])
+        counts.append(publishes() - before)
+
+    assert counts == [1, 3]
+    assert [e.kind for e in events.recent("unwatched")] == ["item", "item"]
+    received: list[str] = []
+
+    def drained() -> bool:
+        while (message := watcher.get_message()) is not None:
+            received.append(json.loads(message["data"])["kind"])
+        return len(received) >= 3
+
+    wait_until(drained, 5, "the watched thread's events")
+    assert received == ["chunk", "item", "item"]
+    watcher.close()
+    client.close()
