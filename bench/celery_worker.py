@@ -1,4 +1,4 @@
-"""A bench worker: ``celery_app.app`` run by ``dormant.worker.start_worker``, the way
+"""A bench worker: ``celery_app.app`` run by ``dormant.worker_process.start_worker``, the way
 ``dormant worker`` runs its own app (the bench's app also has its baseline tasks).
 
     python bench/celery_worker.py CONCURRENCY NODE_NAME
@@ -10,7 +10,7 @@ import sys
 
 from celery_app import app
 
-from dormant.worker import start_worker
+from dormant.worker_process import start_worker
 
 if __name__ == "__main__":
     concurrency, hostname = int(sys.argv[1]), sys.argv[2]

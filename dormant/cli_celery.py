@@ -33,7 +33,7 @@ def worker(
     hostname: Annotated[str, typer.Option("--hostname", "-n", help="Celery node name.")] = "",
 ) -> None:
     """Run a Celery worker (threads pool) that runs slices and tools."""
-    from dormant.worker import run_worker
+    from dormant.worker_process import run_worker
 
     settings = Settings.from_env().require_secret()  # a worker signs callback URLs
     if agents:
@@ -52,6 +52,6 @@ def worker(
 
 def beat(loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info") -> None:
     """Run Celery beat: fires timers and re-drives stranded work (one per deployment)."""
-    from dormant.worker import run_beat
+    from dormant.worker_process import run_beat
 
     run_beat(Settings.from_env(), loglevel=loglevel)

@@ -10,7 +10,8 @@ Without ``DORMANT_AGENTS`` the app is built without agents, for the processes th
 task (Flower, beat, ``celery inspect``); a worker started on it exits at once saying so.
 ``dormant worker`` builds its app explicitly with ``create_app``.
 
-Celery is imported here and in ``tasks.py`` only.
+Celery is imported here and in ``tasks.py``, ``producer_app.py`` and ``worker_process.py``
+only.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -55,9 +56,6 @@ __all__ = [
     "create_app",
     "install",
     "load_agents",
-    "run_beat",
-    "run_worker",
-    "start_worker",
 ]
 
 _log = logging.getLogger("dormant.worker")
@@ -439,54 +437,6 @@ def client_dispatcher(
     app = ProducerApp("dormant-client", set_as_current=False)
     app.conf.update(celery_config(settings))
     return CeleryDispatcher(app, marks, labels=labels)
-
-
-def run_worker(
-    settings: Settings,
-    agents: AgentSource = None,
-    *,
-    concurrency: int = 8,
-    queues: Sequence[str] = QUEUES,
-    loglevel: str = "info",
-    hostname: str | None = None,
-) -> int:
-    """Run a Celery worker in this process with the threads pool (slices wait on I/O);
-    returns its exit code (non-zero when it stopped on an error)."""
-    app = create_app(settings, agents)
-    return start_worker(
-        app, concurrency=concurrency, queues=queues, loglevel=loglevel, hostname=hostname
-    )
-
-
-def start_worker(
-    celery_app: Celery,
-    *,
-    concurrency: int = 8,
-    queues: Sequence[str] = QUEUES,
-    loglevel: str = "info",
-    hostname: str | None = None,
-) -> int:
-    """What ``celery -A app worker -P threads -c N -Q ... -l L -n H`` does, without Celery's
-    command line: that imports every ``celery.commands`` plugin (Flower and its Tornado
-    app) and ``click_repl``, about half of a worker's start-up CPU, for a worker that needs
-    none of them. Returns the worker's exit code (``worker_main`` drops it)."""
-    from celery.apps.worker import Worker  # the worker's own modules: not for clients
-
-    worker: Worker = celery_app.Worker(
-        hostname=hostname,
-        pool_cls="threads",
-        concurrency=concurrency,
-        queues=list(queues),
-        loglevel=loglevel,
-    )
-    worker.start()
-    return int(worker.exitcode or 0)
-
-
-def run_beat(settings: Settings, *, loglevel: str = "info") -> None:
-    """Run Celery beat in this process: it sends ``dormant.sweep`` every sweep interval.
-    Beat runs no task, so it needs no agents."""
-    _bare_app(settings, None).start(["beat", "-l", loglevel])
 
 
 @functools.cache

@@ -17,6 +17,7 @@ from chaos.services import OwnRedis
 from dormant import worker as dormant_worker
 from dormant.broker import TRANSPORT
 from dormant.settings import Settings
+from dormant.worker_process import run_worker
 
 
 @pytest.fixture
@@ -83,4 +84,4 @@ def test_a_worker_stopped_by_an_error_exits_non_zero(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(Worker, "start", stopped_on_an_error)
     settings = Settings(secret_keys=("k",), broker_url="redis://127.0.0.1:6379/0")
-    assert dormant_worker.run_worker(settings, agents=[]) == 1
+    assert run_worker(settings, agents=[]) == 1
