@@ -92,12 +92,14 @@ def test_the_sweeper_resends_a_dead_run_well_before_the_visibility_timeout(
 
 def test_the_heartbeat_keeps_a_long_run_claimed(store: Store) -> None:
     row = _row(store)
-    with held_claim(store, row.id, ttl_s=0.3) as claimed:
+    # A lifetime long enough that a busy machine's scheduling delays cannot outlast the
+    # heartbeat's two renewals within it (0.3 s failed at load average 20).
+    with held_claim(store, row.id, ttl_s=1.5) as claimed:
         assert claimed
-        deadline = time.monotonic() + 1.0
+        deadline = time.monotonic() + 4.5
         while time.monotonic() < deadline:  # three claim lifetimes
             assert store.expired_claims(datetime.now(UTC)) == []
-            time.sleep(0.05)
+            time.sleep(0.1)
     with held_claim(store, row.id, ttl_s=30) as again:
         assert not again, "the first run's claim is still live"
 
