@@ -13,7 +13,6 @@ from dormant.messages import (
     Rejected,
     StatusChanged,
     Summary,
-    ToolCall,
     ToolResult,
     UserText,
 )
@@ -112,27 +111,24 @@ def history_bytes_bound(items: list[StoredItem]) -> int:
     A dict of call arguments is bounded by its ``repr``: every character of it costs at
     most ``_ESCAPED`` bytes in JSON, and JSON's punctuation is never longer than repr's.
     """
-    total = 0
+    chars = 0
+    frames = 0
     for stored in items:
         item = stored.item
-        if type(item) is AssistantTurn:
-            total += _ESCAPED * len(item.text) + _FRAME
-            for call in item.calls:
-                total += _call_bound(call)
-        elif type(item) is UserText or type(item) is Summary:
-            total += _ESCAPED * len(item.text) + _FRAME
-        elif type(item) is ToolResult:
-            size = len(item.content) + len(item.call_id) + len(item.name)
-            total += _ESCAPED * size + _FRAME
-        elif type(item) is EventShown:
-            size = len(item.content) + len(item.call_id) + len(item.original_call_id)
-            size += len(item.original_name) + len(repr(item.original_args))
-            total += _ESCAPED * size + 2 * _FRAME
+        kind = type(item)  # by exact type: cheaper than isinstance, per item
+        if kind is AssistantTurn:
+            chars += len(item.text)  # type: ignore[union-attr]
+            for call in item.calls:  # type: ignore[union-attr]
+                chars += len(call.call_id) + len(call.name) + len(repr(call.args))
+                frames += 1
+        elif kind is UserText or kind is Summary:
+            chars += len(item.text)  # type: ignore[union-attr]
+        elif kind is ToolResult:
+            chars += len(item.content) + len(item.call_id) + len(item.name)  # type: ignore[union-attr]
+        elif kind is EventShown:
+            chars += len(item.content) + len(item.call_id) + len(item.original_call_id)  # type: ignore[union-attr]
+            chars += len(item.original_name) + len(repr(item.original_args))  # type: ignore[union-attr]
+            frames += 1
         else:  # an item kind this bound does not know: its exact size
-            total += history_bytes([stored])
-    return total
-
-
-def _call_bound(call: ToolCall) -> int:
-    args = len(repr(call.args)) if call.args else 0
-    return _ESCAPED * (len(call.call_id) + len(call.name) + args) + _FRAME
+            chars += history_bytes([stored])
+    return _ESCAPED * chars + _FRAME * (frames + len(items))
