@@ -290,9 +290,11 @@ class _Slice:
             completion = self._complete(model, request)
             deps.crash("after_model")
             calls = _fresh_ids(completion.calls, applied.calls)
-            assistant = turn.add(
-                f"turn:{uuid.uuid4().hex}", AssistantTurn(text=completion.text, calls=calls)
-            )
+            # The seq makes the id unique in the thread; 8 random hex digits keep a sender's
+            # own message id from ever colliding with it by accident. A whole uuid cost ~16
+            # incompressible bytes an item in every stored history.
+            message_id = f"turn:{turn.next_seq + len(turn.items)}:{uuid.uuid4().hex[:8]}"
+            assistant = turn.add(message_id, AssistantTurn(text=completion.text, calls=calls))
             visible.append(assistant)
             turn.usage = completion.usage
             ctx = BuiltinContext(
