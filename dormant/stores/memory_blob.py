@@ -22,6 +22,9 @@ WINDOW_BYTES = 32 * 1024
 """Deflate's window: a chunk sees at most this much of the text before it."""
 
 LEVEL = 6
+MERGE_CHUNKS = 8
+"""At this many chunks a fold joins them into one object (headers cost ~60 bytes a chunk,
+about 1 KB a 20-turn thread; joining at every fold would leave a hole at every fold)."""
 _DIGEST_BYTES = 8
 
 
@@ -57,7 +60,10 @@ class ItemLog:
         else:
             deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15)
         data = deflate.compress(self.tail) + deflate.flush(zlib.Z_SYNC_FLUSH)
-        self.chunks = (*self.chunks, data)
+        if len(self.chunks) >= MERGE_CHUNKS:  # each object costs ~60 bytes of headers
+            self.chunks = (b"".join((*self.chunks, data)),)
+        else:
+            self.chunks = (*self.chunks, data)
         window = (window + self.tail)[-WINDOW_BYTES:]
         self.tail = b""
         return window
