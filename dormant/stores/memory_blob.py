@@ -35,8 +35,10 @@ class ItemLog:
 
     def __init__(self) -> None:
         self.chunks: tuple[bytes, ...] = ()
-        """Raw deflate data, one object a chunk: each is allocated once, at its final size,
-        where one growing buffer would leave a hole in the heap at every fold."""
+        """Raw deflate data: a few objects, each allocated at its final size. One growing
+        buffer would leave a hole in the heap at every fold; one object a fold costs ~60
+        bytes of headers each and scatters a thread over many small blocks (measured: 4 MB
+        more RSS for 450 idle 20-turn threads), so every ``MERGE_CHUNKS`` folds join."""
         self.tail = b""
 
     def append(self, lines: bytes) -> None:
