@@ -38,7 +38,7 @@ from dormant.errors import (
     UnknownAgent,
     UnknownThread,
 )
-from dormant.history import Applied, apply_inbox, pending
+from dormant.history import Applied, apply_inbox, has_pending
 from dormant.messages import (
     AssistantTurn,
     Chunk,
@@ -307,7 +307,7 @@ class _Slice:
                 result = start_call(agent, call, assistant.seq, applied, turn, ctx)
                 if result is not None:
                     visible.append(turn.add(f"{call.call_id}:result", result))
-            if not calls or turn.closing or pending(applied.calls):
+            if not calls or turn.closing or has_pending(applied.calls):
                 return
 
     def _complete(self, model: Model, request: ModelRequest) -> Completion:
@@ -478,7 +478,7 @@ class _Slice:
 def _status(thread: ThreadInfo, applied: Applied, turn: Turn) -> ThreadStatus:
     if thread.status is ThreadStatus.CLOSED or turn.closing:
         return ThreadStatus.CLOSED
-    if pending(applied.calls):
+    if has_pending(applied.calls):
         return ThreadStatus.WAITING
     if thread.metadata.get("role") == "event" and applied.woke:
         return ThreadStatus.CLOSED  # a temporary thread that went idle has nothing left to do
