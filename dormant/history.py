@@ -48,6 +48,7 @@ __all__ = [
     "EventSpawn",
     "answered_reason",
     "apply_inbox",
+    "has_pending",
     "new_call_id",
     "pending",
 ]
@@ -66,6 +67,11 @@ def answered_reason(thread_id: str, call_id: str) -> str:
         f"call {call_id!r} of thread {thread_id!r} already has its result "
         "(only a subscription takes more than one)"
     )
+
+
+def has_pending(calls: dict[str, CallRecord]) -> bool:
+    """Whether any call still waits for its first result (``pending`` without the sort)."""
+    return any(c.state is CallState.PENDING for c in calls.values())
 
 
 def pending(calls: dict[str, CallRecord]) -> list[CallRecord]:
@@ -98,7 +104,7 @@ class Applied:
 
     @property
     def needs_completion(self) -> bool:
-        return self.woke and not pending(self.calls)
+        return self.woke and not has_pending(self.calls)
 
     def set_state(self, call: CallRecord, state: CallState) -> None:
         self.calls[call.call_id] = replace(call, state=state)

@@ -21,12 +21,8 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
-from typing import Protocol
 
-from dormant.agents import Agent, AgentRegistry
+from dormant.agents import Agent
 from dormant.calls import start_call
 from dormant.children import (
     instructions_for,
@@ -36,15 +32,13 @@ from dormant.compaction import COMPACTION_INSTRUCTIONS, needs_compaction, safe_s
 from dormant.errors import (
     ControlSignal,
     CrashPoint,
-    HistoryTooLarge,
     LeaseLost,
     ModelError,
-    SliceDeadlineExceeded,
     SteeredAway,
     UnknownAgent,
     UnknownThread,
 )
-from dormant.history import Applied, apply_inbox, pending
+from dormant.history import Applied, apply_inbox, has_pending
 from dormant.messages import (
     AssistantTurn,
     Chunk,
@@ -72,15 +66,20 @@ from dormant.outcomes import (
     Waiting,
     settled,
 )
-from dormant.quarantine import history_bytes, isolate, poison
-from dormant.settings import Settings
+from dormant.quarantine import isolate, poison
+from dormant.slice_deps import Dispatcher, EventSink, SeparateEnd, SliceDeps, SliceEnd
+from dormant.slice_failures import (
+    check_deadline,
+    check_history_size,
+    describe,
+    quarantine_row,
+    record_failed,
+)
 from dormant.stores.base import (
     CallRecord,
     CallState,
     Commit,
-    DedupSet,
     InboxRow,
-    Lease,
     OutboxRow,
     Priority,
     SliceStore,
@@ -116,74 +115,6 @@ __all__ = [
 ]
 
 log = logging.getLogger("dormant.slice")
-
-
-class Dispatcher(Protocol):
-    def dispatch(self, row: OutboxRow) -> None:
-        """Start the outbox row's work off the slice (a tool run, a cancel hook)."""
-        ...
-
-    def wake(self, thread_id: str, priority: int) -> None:
-        """Arrange for a slice of ``thread_id`` to run."""
-        ...
-
-
-class EventSink(Protocol):
-    def publish(self, event: Event) -> None: ...
-
-
-class SliceEnd(Protocol):
-    def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
-        """Add ``message_ids`` to the dedup set, publish ``events``, release the lease held
-        with ``token``; whether another slice was refused the lease meanwhile. Redis does
-        it in one round trip (``RedisSliceEnd``)."""
-        ...
-
-
-@dataclass(frozen=True)
-class SeparateEnd:
-    """``SliceEnd`` over a dedup set, an event sink and a lease, one call each."""
-
-    dedup: DedupSet
-    events: EventSink
-    lease: Lease
-
-    def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
-        if message_ids:
-            self.dedup.add(thread_id, message_ids)
-        for event in events:
-            self.events.publish(event)
-        return self.lease.release(thread_id, token)
-
-
-def _utcnow() -> datetime:
-    return datetime.now(UTC)
-
-
-@dataclass(frozen=True)
-class SliceDeps:
-    """Everything a slice talks to, each behind a narrow protocol."""
-
-    store: SliceStore
-    lease: Lease
-    dedup: DedupSet
-    dispatcher: Dispatcher
-    events: EventSink
-    agents: AgentRegistry
-    settings: Settings
-    clock: Callable[[], datetime] = _utcnow
-    sleep: Callable[[float], None] = time.sleep
-    ending: SliceEnd | None = None
-    """How a slice ends in one go; by default ``SeparateEnd`` over the parts above."""
-
-    def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
-        ending = self.ending or SeparateEnd(self.dedup, self.events, self.lease)
-        return ending.end(thread_id, token, message_ids, events)
-
-    def crash(self, point: str) -> None:
-        """Die here if the test-only setting arms ``point``."""
-        if point in self.settings.crash_points:
-            raise CrashPoint(point)
 
 
 # Outcomes ---------------------------------------------------------------------------------
@@ -236,13 +167,6 @@ def _rewake_priority(store: SliceStore, thread_id: str, seen: int) -> Priority:
     return Priority.BACKGROUND
 
 
-def describe(error: BaseException) -> str:
-    """The last line of the error's traceback, without the module (``KeyError: 'choices'``,
-    ``ModelFatal: 401 ...``), for ``last_error``."""
-    text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[-1]}" if text else type(error).__name__
-
-
 class _Slice:
     def __init__(self, thread_id: str, token: str, deps: SliceDeps) -> None:
         self.thread_id = thread_id
@@ -254,6 +178,9 @@ class _Slice:
         self.steering = False
         self.streamed = ""
         self.flushed_at = time.monotonic()
+        self.next_check_at = 0.0
+        """When ``_on_chunk`` next flushes and checks (monotonic seconds): the first
+        chunk of a slice always does."""
         self.committed = False
         self.started_at = deps.clock()
         self.set_aside = False
@@ -333,41 +260,13 @@ class _Slice:
         return self._commit(snap, applied, turn)
 
     def _failed(self, failures: int, error: str, stall_after: int | None = None) -> Failed:
-        """Record a failed slice: nothing was consumed; the next try waits (backoff)."""
-        deps = self.deps
-        settings = deps.settings
-        wait_s = min(settings.failure_backoff_max_s, settings.failure_backoff_s * 2**failures)
-        retry_at = deps.clock() + timedelta(seconds=wait_s)
-        info = deps.store.record_failure(
-            self.thread_id, error, stall_after or settings.stall_after_failures, retry_at
-        )
-        stalled = info.status is ThreadStatus.STALLED
-        if stalled:
-            self.events.append(
-                StatusChanged(thread_id=self.thread_id, status=info.status, detail=info.last_error)
-            )
-        return Failed(self.thread_id, info.last_error, stalled, retry_at)
+        return record_failed(self.deps, self.thread_id, failures, error, self.events, stall_after)
 
     def _quarantine(self, snap: Snapshot, row: InboxRow, error: str) -> Failed:
-        """Set the poison row aside; the thread goes on with its other input at once."""
-        deps = self.deps
-        failures = snap.thread.failures + 1
-        reason = f"quarantined after {failures} failed slices: {error}"
-        deps.store.quarantine(self.thread_id, row.id, reason)
-        self.events.append(
-            Rejected(thread_id=self.thread_id, message_id=row.message_id, reason=reason)
-        )
-        detail = f"message {row.message_id!r} {reason}"
-        return Failed(self.thread_id, detail, stalled=False, quarantined=row.message_id)
+        return quarantine_row(self.deps, snap, row, error, self.events)
 
     def _check_deadline(self) -> None:
-        """Abandon a slice that ran past ``slice_deadline_s`` (checked between steps)."""
-        deadline_s = self.deps.settings.slice_deadline_s
-        if deadline_s <= 0:
-            return
-        elapsed_s = (self.deps.clock() - self.started_at).total_seconds()
-        if elapsed_s > deadline_s:
-            raise SliceDeadlineExceeded(self.thread_id, elapsed_s, deadline_s)
+        check_deadline(self.deps, self.thread_id, self.started_at)
 
     # step 5-6 -------------------------------------------------------------------------
 
@@ -377,9 +276,7 @@ class _Slice:
         visible = [*snap.items, *turn.items]
         if needs_compaction(agent, model, snap.thread):
             visible = self._compact(agent, model, snap.items, visible, turn)
-        limit_bytes = deps.settings.max_history_bytes
-        if limit_bytes > 0 and (size_bytes := history_bytes(visible)) > limit_bytes:
-            raise HistoryTooLarge(self.thread_id, size_bytes, limit_bytes)
+        check_history_size(deps, self.thread_id, visible)
         instructions = instructions_for(agent, snap.thread)
         for _ in range(deps.settings.max_rounds_per_slice):
             self._check_deadline()
@@ -393,9 +290,11 @@ class _Slice:
             completion = self._complete(model, request)
             deps.crash("after_model")
             calls = _fresh_ids(completion.calls, applied.calls)
-            assistant = turn.add(
-                f"turn:{uuid.uuid4().hex}", AssistantTurn(text=completion.text, calls=calls)
-            )
+            # The seq makes the id unique in the thread; 8 random hex digits keep a sender's
+            # own message id from ever colliding with it by accident. A whole uuid cost ~16
+            # incompressible bytes an item in every stored history.
+            message_id = f"turn:{turn.next_seq + len(turn.items)}:{uuid.uuid4().hex[:8]}"
+            assistant = turn.add(message_id, AssistantTurn(text=completion.text, calls=calls))
             visible.append(assistant)
             turn.usage = completion.usage
             ctx = BuiltinContext(
@@ -408,7 +307,7 @@ class _Slice:
                 result = start_call(agent, call, assistant.seq, applied, turn, ctx)
                 if result is not None:
                     visible.append(turn.add(f"{call.call_id}:result", result))
-            if not calls or turn.closing or pending(applied.calls):
+            if not calls or turn.closing or has_pending(applied.calls):
                 return
 
     def _complete(self, model: Model, request: ModelRequest) -> Completion:
@@ -470,17 +369,34 @@ class _Slice:
             self.renewed_at = now
 
     def _on_chunk(self, text: str) -> None:
-        deps = self.deps
+        """Buffer streamed text; now and then (``_tick_s``) flush it, renew the lease,
+        check the deadline and look for steering. Between those, a chunk costs one look
+        at the monotonic clock: 25 chunks a completion made the checks a cost of their own.
+        """
         self.streamed += text
         now = time.monotonic()
-        if now - self.flushed_at >= deps.settings.chunk_flush_s:
+        if now >= self.next_check_at:
+            self._check_stream(now)
+
+    def _check_stream(self, now: float) -> None:
+        deps = self.deps
+        settings = deps.settings
+        if now - self.flushed_at >= settings.chunk_flush_s:
             self._flush_chunks(now)
         self._keep_lease(now)
         self._check_deadline()
-        if self.steering and now - self.steer_checked_at >= deps.settings.steer_check_s:
+        if self.steering and now - self.steer_checked_at >= settings.steer_check_s:
             self.steer_checked_at = now
             if deps.store.has_pending_after(self.thread_id, self.seen, user_text_only=True):
                 raise SteeredAway(self.thread_id)
+        self.next_check_at = now + self._tick_s()
+
+    def _tick_s(self) -> float:
+        """How long streaming goes unchecked: the shortest of the flush interval, a third
+        of the lease's time-to-live and (when steering) the steering interval."""
+        settings = self.deps.settings
+        tick_s = min(settings.chunk_flush_s, settings.lease_ttl_s / 3)
+        return min(tick_s, settings.steer_check_s) if self.steering else tick_s
 
     # steps 7-8 ------------------------------------------------------------------------
 
@@ -562,7 +478,7 @@ class _Slice:
 def _status(thread: ThreadInfo, applied: Applied, turn: Turn) -> ThreadStatus:
     if thread.status is ThreadStatus.CLOSED or turn.closing:
         return ThreadStatus.CLOSED
-    if pending(applied.calls):
+    if has_pending(applied.calls):
         return ThreadStatus.WAITING
     if thread.metadata.get("role") == "event" and applied.woke:
         return ThreadStatus.CLOSED  # a temporary thread that went idle has nothing left to do

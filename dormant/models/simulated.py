@@ -123,10 +123,13 @@ class SimulatedModel:
 def _measure(items: Sequence[Item]) -> tuple[int, int]:
     """How many items are user text, and the characters of text in all of them."""
     users = chars = 0
-    for item in items:
-        if isinstance(item, ToolResult | EventShown):
-            chars += len(item.content)
+    for item in items:  # by exact type: cheaper than isinstance on a union, per item
+        kind = type(item)
+        if kind is UserText:
+            users += 1
+            chars += len(item.text)  # type: ignore[union-attr]
+        elif kind is ToolResult or kind is EventShown:
+            chars += len(item.content)  # type: ignore[union-attr]
         else:
-            chars += len(item.text)
-            users += isinstance(item, UserText)
+            chars += len(item.text)  # type: ignore[union-attr]
     return users, chars

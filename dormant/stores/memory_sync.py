@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import secrets
+import itertools
 import threading
 import time
 from collections import OrderedDict
@@ -18,6 +18,7 @@ class MemoryLease:
         self._lock = threading.Lock()
         self._held: dict[str, tuple[str, float]] = {}
         self._refused: set[str] = set()
+        self._tokens = itertools.count(1)
 
     def acquire(self, thread_id: str, ttl_s: float) -> str | None:
         now = time.monotonic()
@@ -27,7 +28,7 @@ class MemoryLease:
                 self._refused.add(thread_id)
                 return None
             self._refused.discard(thread_id)
-            token = secrets.token_hex(8)
+            token = f"{next(self._tokens):x}"  # unique in the process: all a token needs here
             self._held[thread_id] = (token, now + ttl_s)
             return token
 
