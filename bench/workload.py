@@ -124,7 +124,9 @@ class DormantRunner(Runner):
                 else:
                     system.send(self.ids[a], user_text(a, turn))
             system.run_until_idle(timeout_s=3600)
-            calls, self.pending = self.pending, []
+            # A tool run is at-least-once (docs/guarantees.md): a run the sweeper re-sent
+            # while the first waited in a starved pool records its call twice.
+            calls, self.pending = list(dict.fromkeys(self.pending)), []
             if len(calls) != count:
                 raise RuntimeError(f"turn {turn}: {len(calls)} tool calls for {count} agents")
             for thread_id, call_id in calls:
