@@ -26,6 +26,9 @@ def test_text_depends_only_on_seed_and_key() -> None:
     assert simulated_text(1200, 7, "a:1") != simulated_text(1200, 7, "a:2")
     assert simulated_text(1200, 7, "a:1") != simulated_text(1200, 8, "a:1")
     assert len(simulated_text(1200, 7, "a:1")) == 1200
+    # Every key, not one: the text once came out a character short when its sentences
+    # filled it exactly (the separators were counted once too often).
+    assert {len(simulated_text(300, 0, f"k{n}")) for n in range(2000)} == {300}
 
 
 def test_turns_of_a_thread_are_distinct_completions_of_the_set_size() -> None:

@@ -72,7 +72,7 @@ def simulated_text(chars: int, seed: int, key: str) -> str:
         for at in range(0, len(digest), 2):
             sentence = pool[int.from_bytes(digest[at : at + 2], "big") % _POOL]
             parts.append(sentence)
-            size += len(sentence) + 1
+            size += len(sentence) + (1 if size else 0)  # the length of the joined text
             if size >= chars:
                 break
         block += 1
