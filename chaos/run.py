@@ -45,8 +45,12 @@ from chaos.services import OwnPostgres, OwnRedis, available
 from chaos.verdict import Verdict, judge
 
 ROOT = Path(__file__).resolve().parent.parent
+CALL_GIVE_UP_S = 120.0
+"""How long the driver retries one client call through faults before it reports the error."""
 SENDER_GRACE_S = 180.0
-"""How long the senders may still take after the last fault before the run calls them hung."""
+"""How long the senders may still take after the last fault before the run calls them hung:
+longer than ``CALL_GIVE_UP_S``, so a call failing over and over is reported with its error,
+and only a call that never returns (none since the broker got socket timeouts) as hung."""
 SEND_SHARE = 0.9
 """The last user message goes when this share of the faults is in: the rest still hit its work."""
 T = TypeVar("T")
@@ -66,7 +70,7 @@ CHAOS_SETTINGS = {
 docs/guarantees.md (the chaos run)."""
 
 
-def retry(what: Callable[[], T], stop: threading.Event, give_up_s: float = 300.0) -> T:
+def retry(what: Callable[[], T], stop: threading.Event, give_up_s: float = CALL_GIVE_UP_S) -> T:
     """``what()``, tried again while servers are down (a fault), up to ``give_up_s``."""
     deadline = time.monotonic() + give_up_s
     while True:
