@@ -1,6 +1,6 @@
 """The agent ``make chaos`` runs (``DORMANT_AGENTS=chaos.agents``): every kind of work.
 
-For user text ``u<n>`` the scripted model asks, by ``n % 4``, for a deferred job and a plain
+For each user text ``u<n>`` the scripted model asks, by ``n % 4``, for a deferred job and a plain
 tool; a subscription; a timer (``sleep``) and a child thread; or a plain tool alone. Anything
 else (results, events, a child's first turn) gets a text reply, so every thread comes to
 rest. The tools note what the driver must answer (callback URLs, subscriptions) in the
@@ -18,7 +18,7 @@ import redis
 from celery.signals import task_prerun, worker_ready
 
 from dormant import Agent, ToolContext, tool
-from dormant.messages import Item, UserText
+from dormant.messages import AssistantTurn, Item, ToolCall, UserText
 from dormant.models import Completion, ScriptedModel, call, reply
 
 __all__ = ["AGENTS", "CALLBACKS", "READY", "SLICES", "SUBSCRIPTIONS", "TOOL_RUNS"]
@@ -59,18 +59,32 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+def _plan(n: int) -> tuple[ToolCall, ...]:
+    plans = [
+        (call("start_job", name=f"job{n}"), call("add", a=n, b=1)),
+        (call("watch", topic=f"topic{n}"),),
+        (call("sleep", seconds=1), call("spawn_thread", instructions=f"child of {n}")),
+        (call("add", a=n, b=2),),
+    ]
+    return plans[n % 4]
+
+
 def _script(history: Sequence[Item]) -> Completion:
-    last = history[-1]
-    if isinstance(last, UserText) and last.text[:1] == "u" and last.text[1:].isdigit():
-        n = int(last.text[1:])
-        plans = [
-            (call("start_job", name=f"job{n}"), call("add", a=n, b=1)),
-            (call("watch", topic=f"topic{n}"),),
-            (call("sleep", seconds=1), call("spawn_thread", instructions=f"child of {n}")),
-            (call("add", a=n, b=2),),
-        ]
-        return reply(f"on {last.text}", *plans[n % 4])
-    return reply(f"seen {last.kind}")
+    """Every user text ``u<n>`` applied since the model last spoke gets its plan: a slice
+    that applied several at once (its workers were slow or down) still starts all their
+    work, so the run exercises every kind whatever the timing."""
+    since = len(history)
+    while since > 0 and not isinstance(history[since - 1], AssistantTurn):
+        since -= 1
+    texts = [
+        item.text
+        for item in history[since:]
+        if isinstance(item, UserText) and item.text[:1] == "u" and item.text[1:].isdigit()
+    ]
+    if texts:
+        calls = [c for text in texts for c in _plan(int(text[1:]))]
+        return reply(f"on {', '.join(texts)}", *calls)
+    return reply(f"seen {history[-1].kind}")
 
 
 chaos = Agent("chaos", model=ScriptedModel(_script), tools=[start_job, watch, add], threads=True)

@@ -21,6 +21,9 @@ __all__ = ["FAULT_KINDS", "Cluster"]
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = "dormant.interactive,dormant.background,dormant.tools"
 
+WORKER_START_TIMEOUT_S = 600.0
+"""Generous: on a shared two-core machine at load 11, three workers took over 180 s."""
+
 FAULT_KINDS = (
     "worker SIGKILL",
     "beat SIGKILL",
@@ -54,12 +57,12 @@ class Cluster:
         for _ in range(self.workers):
             self._start_worker()
         self._start("beat", ["beat", "-l", "warning"])
-        deadline = time.monotonic() + 180
+        deadline = time.monotonic() + WORKER_START_TIMEOUT_S
         while time.monotonic() < deadline:
             if all(self.stats.exists(READY + n) for n in self.procs if n != "beat"):
                 return
             time.sleep(0.2)
-        raise TimeoutError("the workers did not start within 180 s")
+        raise TimeoutError(f"the workers did not start within {WORKER_START_TIMEOUT_S:.0f} s")
 
     def _start_worker(self) -> str:
         self._serial += 1

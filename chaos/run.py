@@ -45,8 +45,14 @@ from chaos.services import OwnPostgres, OwnRedis, available
 from chaos.verdict import Verdict, judge
 
 ROOT = Path(__file__).resolve().parent.parent
+CALL_GIVE_UP_S = 120.0
+"""How long the driver retries one client call through faults before it reports the error."""
 SENDER_GRACE_S = 180.0
-"""How long the senders may still take after the last fault before the run calls them hung."""
+"""How long the senders may still take after the last fault before the run calls them hung:
+longer than ``CALL_GIVE_UP_S``, so a call failing over and over is reported with its error,
+and only a call that never returns (none since the broker got socket timeouts) as hung."""
+SEND_SHARE = 0.9
+"""The last user message goes when this share of the faults is in: the rest still hit its work."""
 T = TypeVar("T")
 
 CHAOS_SETTINGS = {
@@ -64,7 +70,7 @@ CHAOS_SETTINGS = {
 docs/guarantees.md (the chaos run)."""
 
 
-def retry(what: Callable[[], T], stop: threading.Event, give_up_s: float = 300.0) -> T:
+def retry(what: Callable[[], T], stop: threading.Event, give_up_s: float = CALL_GIVE_UP_S) -> T:
     """``what()``, tried again while servers are down (a fault), up to ``give_up_s``."""
     deadline = time.monotonic() + give_up_s
     while True:
@@ -74,6 +80,36 @@ def retry(what: Callable[[], T], stop: threading.Event, give_up_s: float = 300.0
             if time.monotonic() > deadline or stop.is_set():
                 raise
             time.sleep(0.2)
+
+
+@dataclass
+class Pacer:
+    """Lets the senders' k-th of n later messages go once ``SEND_SHARE * k / n`` of the
+    faults are in: messages keep flowing through the whole fault window (launches come
+    first, at once), so faults hit slices of fresh user text until the end, whatever the
+    faults' own durations (a Redis pause or a PostgreSQL restart takes seconds)."""
+
+    faults: int
+    _injected: int = 0
+    _finished: bool = False
+    _changed: threading.Condition = field(default_factory=threading.Condition)
+
+    def fault_injected(self) -> None:
+        with self._changed:
+            self._injected += 1
+            self._changed.notify_all()
+
+    def finish(self) -> None:
+        """The faults are over (or the run stops): every message may go."""
+        with self._changed:
+            self._finished = True
+            self._changed.notify_all()
+
+    def wait_turn(self, k: int, n: int, stop: threading.Event) -> None:
+        due = SEND_SHARE * self.faults * k / max(1, n)
+        with self._changed:
+            while not (self._finished or stop.is_set() or self._injected >= due):
+                self._changed.wait(timeout=1.0)
 
 
 @dataclass
@@ -134,12 +170,17 @@ class Driver:
         list(pool.map(launch, range(agents)))
 
     def send_more(
-        self, rounds: int, gap_s: float, on_sent: Callable[[], None], pool: ThreadPoolExecutor
+        self, rounds: int, pacer: Pacer, on_sent: Callable[[], None], pool: ThreadPoolExecutor
     ) -> None:
+        """The later rounds of user text, the k-th of n messages once the pacer lets it go."""
         from dormant.errors import DuplicateMessage
 
-        def send(thread_id: str, n: int) -> None:
-            if self.stop.wait(gap_s):
+        threads = sorted(self.sent)
+        total = rounds * len(threads)
+
+        def send(thread_id: str, n: int, k: int) -> None:
+            pacer.wait_turn(k, total, self.stop)
+            if self.stop.is_set():
                 return
 
             def once() -> None:
@@ -153,7 +194,8 @@ class Driver:
                 self._counted(on_sent)
 
         for n in range(1, rounds + 1):  # round by round: each thread's texts stay in order
-            list(pool.map(lambda t, n=n: send(t, n), sorted(self.sent)))
+            ks = range((n - 1) * len(threads) + 1, n * len(threads) + 1)
+            list(pool.map(lambda t, k, n=n: send(t, n, k), threads, ks))
 
     def answer(self) -> None:
         """Deliver jobs' results and two events per subscription until the run stops."""
@@ -277,6 +319,7 @@ def _run(
     stop = threading.Event()
     senders_done = threading.Event()
     driver = Driver(env, stats, rng, stop)
+    pacer = Pacer(args.faults)
     total_messages = args.agents * (1 + args.rounds)
     started = time.monotonic()
     with Progress(
@@ -301,10 +344,7 @@ def _run(
         def send_all() -> None:
             try:
                 driver.launch_all(args.agents, sent, pool)
-                # Spread the later rounds over the fault schedule.
-                fault_time_s = args.faults * (args.fault_gap_s + 0.8)
-                gap_s = 8 * fault_time_s / max(1, args.agents * args.rounds)
-                driver.send_more(args.rounds, min(gap_s, 2.0), sent, pool)
+                driver.send_more(args.rounds, pacer, sent, pool)
             except BaseException as error:
                 driver.errors.append(f"sender: {error!r}")
 
@@ -313,14 +353,18 @@ def _run(
         kinds = [FAULT_KINDS[k % len(FAULT_KINDS)] for k in range(args.faults)]
         rng.shuffle(kinds)
         misses = 0
-        while kinds:
-            kind = kinds.pop(0)
-            time.sleep(rng.uniform(0.5, 1.5) * args.fault_gap_s)
-            if cluster.inject(kind):
-                progress.advance(faulting)
-            elif misses < args.faults:  # nothing to hit now: try that kind again later
-                misses += 1
-                kinds.append(kind)
+        try:
+            while kinds:
+                kind = kinds.pop(0)
+                time.sleep(rng.uniform(0.5, 1.5) * args.fault_gap_s)
+                if cluster.inject(kind):
+                    progress.advance(faulting)
+                    pacer.fault_injected()
+                elif misses < args.faults:  # nothing to hit now: try that kind again later
+                    misses += 1
+                    kinds.append(kind)
+        finally:
+            pacer.finish()  # whatever is left may go now
         sender.join(timeout=SENDER_GRACE_S)
         if sender.is_alive():  # a client call that never returns: a finding, not a hang
             stacks = cluster.log_dir / "driver-stacks.txt"

@@ -73,6 +73,14 @@ PRUNE_TASK = "dormant.prune"
 
 REDIS_PRIORITY_STEPS = (0, 3, 6, 9)
 """kombu's Redis priority lists; our levels 8, 4 and 0 land on three different steps."""
+BROKER_SOCKET_TIMEOUT_S = 10.0
+"""The longest a broker may leave a send (or a worker's command) unanswered. Without it a
+Redis broker that stalls without closing its connections (stopped, partitioned) blocks
+``Client.send`` for as long as it stalls: kombu's Redis transport waits for ever by default,
+and a RabbitMQ publisher confirm as well. After it the wake fails like a refused one, and
+``Client.send`` still returns: the message is stored, and the sweeper wakes the thread."""
+BROKER_CONNECT_TIMEOUT_S = 5.0
+"""The longest a Redis broker may take to accept a connection."""
 _REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel", "redis+socket", "socket"})
 _AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
 
@@ -146,6 +154,9 @@ def _redis_transport_options(settings: Settings) -> dict[str, Any]:
         # BRPOP walks the lists in (priority step, queue) order: priorities span queues.
         "queue_order_strategy": "priority",
         "priority_steps": list(REDIS_PRIORITY_STEPS),
+        # A stalled broker fails a send instead of blocking it (kombu's default is no limit).
+        "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
+        "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S,
     }
     if settings.broker_key_prefix:
         transport["global_keyprefix"] = settings.broker_key_prefix
@@ -425,6 +436,7 @@ class CeleryDispatcher:
             serializer="json",
             add_to_parent=False,
             shadow=shadow,  # Flower's and the log's name: dormant.slice[triage]
+            confirm_timeout=BROKER_SOCKET_TIMEOUT_S,  # RabbitMQ: a stalled broker's confirm
         )
 
 

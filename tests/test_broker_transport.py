@@ -5,6 +5,7 @@ an error exits non-zero."""
 from __future__ import annotations
 
 import shutil
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,11 @@ from chaos.services import OwnRedis
 from dormant import worker as dormant_worker
 from dormant.broker import TRANSPORT
 from dormant.settings import Settings
+from dormant.stores.base import Priority
 from dormant.worker_process import run_worker
+
+STALLED_WAKE_BOUND_S = 45.0
+"""With 1 s socket timeouts a wake fails in a few seconds (Celery retries a publish 3 times)."""
 
 
 @pytest.fixture
@@ -85,3 +90,37 @@ def test_a_worker_stopped_by_an_error_exits_non_zero(monkeypatch: pytest.MonkeyP
     monkeypatch.setattr(Worker, "start", stopped_on_an_error)
     settings = Settings(secret_keys=("k",), broker_url="redis://127.0.0.1:6379/0")
     assert run_worker(settings, agents=[]) == 1
+
+
+def test_a_wake_sent_to_a_stalled_redis_broker_fails_instead_of_waiting(
+    own_redis: OwnRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A broker that stops answering without closing its connections (SIGSTOP here; a
+    partition in production): kombu's Redis transport has no socket timeout by default, so
+    the publish of a ``Client.send`` waited for as long as the broker stalled."""
+    monkeypatch.setattr(dormant_worker, "BROKER_SOCKET_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(dormant_worker, "BROKER_CONNECT_TIMEOUT_S", 1.0)
+    settings = Settings(secret_keys=("k",), broker_url=own_redis.url)
+    dispatcher = dormant_worker.client_dispatcher(settings, None)
+    dispatcher.wake("thr_stalled", Priority.INTERACTIVE)  # connected before the stall
+    outcome: list[BaseException | None] = []
+
+    def wake() -> None:
+        try:
+            dispatcher.wake("thr_stalled", Priority.INTERACTIVE)
+            outcome.append(None)
+        except Exception as error:
+            outcome.append(error)
+
+    own_redis.pause()
+    try:
+        waking = threading.Thread(target=wake, daemon=True)
+        waking.start()
+        waking.join(timeout=STALLED_WAKE_BOUND_S)  # a bound, not a wait: it returns sooner
+        stalled = waking.is_alive()
+    finally:
+        own_redis.resume()
+    waking.join(timeout=30)
+    dispatcher.close_broker()
+    assert not stalled, f"the wake still waited for the broker after {STALLED_WAKE_BOUND_S} s"
+    assert outcome and isinstance(outcome[0], Exception), outcome

@@ -182,3 +182,26 @@ def test_an_outbox_row_never_dispatched_is_found(store: Store) -> None:
 
 def problem_time(store: Store, thread_id: str) -> Any:
     return store.thread(thread_id).updated_at.replace(year=2100)
+
+
+def test_seqs_that_do_not_run_on_are_found(store: Store) -> None:
+    t = new_thread(store)
+    snap = store.load(t)
+    items = [
+        StoredItem(snap.next_seq, "one", UserText(text="one")),
+        StoredItem(snap.next_seq + 2, "two", UserText(text="two")),  # a gap
+    ]
+    commit = Commit(t, snap.thread.version, ThreadStatus.IDLE, 0, items=items)
+    assert store.commit(commit) is not None
+    [problem] = check_store(store)
+    assert problem.rule == "seqs" and "do not run on" in problem.detail
+
+
+def test_a_deferred_row_with_no_call_pending_is_found_only_after_the_grace(store: Store) -> None:
+    t = new_thread(store)
+    store.enqueue(t, "later", UserMessage(text="after the call"), 8)
+    [row] = store.inbox(t)
+    write(store, t, done=[], deferred=[row.id])  # deferred behind a call that is not there
+    assert check_store(store, grace_s=3600) == []
+    [problem] = check_store(store)
+    assert problem.rule == "stuck" and "(later) deferred with no call pending" in problem.detail

@@ -208,3 +208,18 @@ def test_run_until_idle_reports_a_quarantined_message() -> None:
         with pytest.raises(ThreadsFailed, match=f"message 'launch:{t}' quarantined"):
             system.run_until_idle(timeout_s=60)
         assert [i.text for i in system.history(t) if isinstance(i, UserText)] == ["a fine question"]
+
+
+def test_quarantine_at_the_stall_threshold_is_off_and_the_thread_stalls_first() -> None:
+    """``quarantine_after_failures`` must be below ``stall_after_failures``: at or above it,
+    the operator decides (the thread stalls with the message still queued)."""
+    h = Harness(
+        Agent("a", model=ScriptedModel(Poisonable())), settings=settings(stall_after_failures=3)
+    )
+    t = h.launch("a", "poison pill")
+    outcomes = [h.step(t) for _ in range(3)]
+    assert all(isinstance(o, Failed) and o.quarantined is None for o in outcomes)
+    assert isinstance(outcomes[-1], Failed) and outcomes[-1].stalled
+    assert h.thread(t).status is ThreadStatus.STALLED
+    assert h.store.quarantined() == []
+    assert [r.message_id for r in h.store.inbox(t, InboxState.PENDING)] == [f"launch:{t}"]

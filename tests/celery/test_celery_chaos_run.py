@@ -25,11 +25,6 @@ RUN_TIMEOUT_S = 400.0
 
 
 @pytest.mark.timeout(scaled(RUN_TIMEOUT_S + 180))
-@pytest.mark.xfail(
-    reason="open: under faults a driver client call can block for minutes (runs on a loaded "
-    "machine left 7 of 180 user messages unsent); the run then reports the senders hung",
-    strict=False,
-)
 def test_the_bounded_chaos_run_keeps_every_promise() -> None:
     why = available()
     if why:
