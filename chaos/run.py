@@ -94,7 +94,10 @@ class Pacer:
     _finished: bool = False
     _changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def fault_injected(self) -> None:
+    def fault_tried(self) -> None:
+        """A fault was tried, hit or missed. A miss counts too: a fault that needs traffic
+        (a queued task to drop) misses on a quiet system, and senders waiting for it to hit
+        would keep the system quiet until every retry was spent."""
         with self._changed:
             self._injected += 1
             self._changed.notify_all()
@@ -359,10 +362,10 @@ def _run(
                 time.sleep(rng.uniform(0.5, 1.5) * args.fault_gap_s)
                 if cluster.inject(kind):
                     progress.advance(faulting)
-                    pacer.fault_injected()
                 elif misses < args.faults:  # nothing to hit now: try that kind again later
                     misses += 1
                     kinds.append(kind)
+                pacer.fault_tried()
         finally:
             pacer.finish()  # whatever is left may go now
         sender.join(timeout=SENDER_GRACE_S)

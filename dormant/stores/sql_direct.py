@@ -193,7 +193,8 @@ def direct_transaction(
             except dbapi_error:
                 fairy.invalidate()
             if isinstance(exc, dbapi_error):
-                if dialect.is_disconnect(exc, raw, None):
+                # Not twice: a failed rollback above has invalidated it already.
+                if fairy.dbapi_connection is not None and dialect.is_disconnect(exc, raw, None):
                     fairy.invalidate()
                 raise DBAPIError.instance(None, None, exc, dbapi_error, dialect=dialect) from exc
             raise
