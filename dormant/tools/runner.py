@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from dormant.agents import AgentRegistry
+from dormant.errors import CallAnswered, SubscriptionCancelled, ThreadClosed
 from dormant.stores.base import CallState, OutboxRow, QueryStore
 from dormant.tools.base import ToolContext, ToolSink
 
@@ -111,11 +112,17 @@ class _RetryingSink:
     def tool_result(
         self, thread_id: str, call_id: str, content: str, *, is_error: bool = False
     ) -> None:
-        hand_in(
-            f"result of call {call_id} of thread {thread_id}",
-            lambda: self._sink.tool_result(thread_id, call_id, content, is_error=is_error),
-            self._timeout_s,
-        )
+        try:
+            hand_in(
+                f"result of call {call_id} of thread {thread_id}",
+                lambda: self._sink.tool_result(thread_id, call_id, content, is_error=is_error),
+                self._timeout_s,
+            )
+        except (ThreadClosed, SubscriptionCancelled, CallAnswered) as refused:
+            # The thread will never take this result (closed while the tool ran, say):
+            # the run is over. Raising would leave the row unran, and the sweeper would
+            # run the tool again, for ever, to be refused the same way each time.
+            log.warning("result of call %s of thread %s dropped: %s", call_id, thread_id, refused)
 
     def tool_event(
         self,

@@ -1,0 +1,64 @@
+"""A tool whose result the thread can never take is done, not re-run for ever.
+
+Found by ``make chaos``: a thread closed while its tool ran refused the result with
+``ThreadClosed``; the tool task raised, its outbox row stayed unran, and the sweeper
+re-ran the tool every claim lifetime, each run refused the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from dormant import Agent, tool
+from dormant.errors import CallAnswered, MessageRejected, SubscriptionCancelled, ThreadClosed
+from dormant.messages import Item
+from dormant.models import ScriptedModel, reply
+from dormant.models.base import Completion
+from dormant.models.scripted import call
+from dormant.tools.runner import execute_outbox
+from tests.harness import Harness
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two numbers."""
+    return a + b
+
+
+def _script(items: Sequence[Item]) -> Completion:
+    return reply("", call("add", a=1, b=2)) if len(items) == 1 else reply("3")
+
+
+class _Refusing:
+    """A sink that refuses every result the way a store refuses it for ``thread_id``."""
+
+    def __init__(self, inner: Harness, refusal: type[MessageRejected]) -> None:
+        self.inner = inner
+        self.refusal = refusal
+
+    def tool_result(self, thread_id: str, call_id: str, content: str, **_: object) -> None:
+        if self.refusal is ThreadClosed:
+            raise ThreadClosed(thread_id)
+        if self.refusal is SubscriptionCancelled:
+            raise SubscriptionCancelled(thread_id, call_id)
+        raise CallAnswered(thread_id, call_id, "m-1")
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+@pytest.mark.parametrize("refusal", [ThreadClosed, SubscriptionCancelled, CallAnswered])
+def test_a_result_refused_for_good_marks_the_row_ran(
+    refusal: type[MessageRejected], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(Agent("a", model=ScriptedModel(_script), tools=[add]))
+    thread_id = h.launch("a", "add them")
+    h.step(thread_id)
+    (row,) = h.outbox
+    ran: list[int] = []
+    mark_ran = h.store.mark_ran
+    monkeypatch.setattr(h.store, "mark_ran", lambda ids: (ran.extend(ids), mark_ran(ids))[1])
+    execute_outbox(row, h.store, h.deps.agents, _Refusing(h, refusal), h.callback_url)
+    assert ran == [row.id]
