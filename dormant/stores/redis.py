@@ -81,8 +81,7 @@ return 0
 # applied ids and the ids, how many events to keep, their ttl in ms, the number of events
 # and for each its channel, the index in KEYS of its recent list (0: not kept) and its JSON.
 # Returns _RELEASE's answer.
-_END = """
-local token = ARGV[1]
+_END_EVENTS = """
 local ids = tonumber(ARGV[3])
 for first = 4, 3 + ids, 500 do
   redis.call('SADD', KEYS[3], unpack(ARGV, first, math.min(first + 499, 3 + ids)))
@@ -110,15 +109,8 @@ for list = 4, #KEYS do
   redis.call('LTRIM', KEYS[list], -keep, -1)
   redis.call('PEXPIRE', KEYS[list], kept_ttl)
 end
-local refused = redis.call('GET', KEYS[2])
-if redis.call('GET', KEYS[1]) == token then
-  redis.call('DEL', KEYS[1], KEYS[2])
-end
-if refused then
-  return 1
-end
-return 0
 """
+_END = _END_EVENTS + _RELEASE  # then a release: the same keys and token
 
 
 def redis_client(settings: Settings) -> Redis:
