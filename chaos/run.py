@@ -362,7 +362,7 @@ def _run(
                 time.sleep(rng.uniform(0.5, 1.5) * args.fault_gap_s)
                 if cluster.inject(kind):
                     progress.advance(faulting)
-                elif misses < args.faults // 10:  # nothing to hit now: try it again later
+                elif misses < max(10, args.faults // 10):  # nothing to hit: try it later
                     # Somewhere among the faults still to come, not last: once the senders
                     # are done the system goes quiet, and a drop finds no queued task.
                     misses += 1
