@@ -50,6 +50,7 @@ from dormant.stores.redis import (
     RedisEvents,
     RedisLease,
     RedisSliceEnd,
+    RedisSweepTurns,
     RedisWakeMarks,
     redis_client,
     wake_mark_ttl_s,
@@ -90,6 +91,7 @@ class Runtime:
     client: Client
     """The tools' sink: their results and events go in like any client's messages."""
     deps: SliceDeps
+    sweeps: RedisSweepTurns
 
     @classmethod
     def build(cls, celery_app: Celery, settings: Settings, agents: AgentRegistry) -> Runtime:
@@ -111,7 +113,8 @@ class Runtime:
         sink = Client(store, dedup, settings, waker=dispatcher.wake, events=events, agents=agents)
         ending = RedisSliceEnd(client, lease, dedup, events)
         deps = SliceDeps(store, lease, dedup, dispatcher, events, agents, settings, ending=ending)
-        return cls(settings, store, marks, dispatcher, sink, deps)
+        sweeps = RedisSweepTurns(client, prefix)
+        return cls(settings, store, marks, dispatcher, sink, deps, sweeps)
 
 
 class LazyRuntime:
@@ -257,8 +260,10 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
     @celery_app.task(name=SWEEP_TASK, send_events=False, **options)  # type: ignore[untyped-decorator]
     def sweep_task() -> str:
         rt = runtime()
-        now = datetime.now(UTC)
         settings = rt.settings
+        if not rt.sweeps.take(settings.sweep_interval_s / 2):
+            return "skipped: another sweep ran just now"
+        now = datetime.now(UTC)
         # A tool task no worker started this long after its dispatch was lost by the broker
         # (a flushed or restarted Redis); a started one that died is found by its claim.
         lost_after_s = min(

@@ -22,6 +22,7 @@ __all__ = [
     "RedisEvents",
     "RedisLease",
     "RedisSliceEnd",
+    "RedisSweepTurns",
     "RedisWakeMarks",
     "redis_client",
     "wake_mark_ttl_s",
@@ -220,6 +221,25 @@ class RedisDedup:
             key = self.key(thread_id)
             pipe.sadd(key, *message_ids)
             pipe.pexpire(key, _ms(self.ttl_s))
+
+
+class RedisSweepTurns:
+    """One sweep at a time across the workers. Beat's sweeps wait in the broker behind busy
+    slots and may then run back to back (a queued sweep is kept for a while: see
+    ``worker.sweep_expires_s``); the first of them does the work, the rest find its turn
+    taken and return at once."""
+
+    def __init__(self, client: Redis, prefix: str) -> None:
+        self._client = client
+        self._key = f"{prefix}:sweep"
+
+    def take(self, spacing_s: float) -> bool:
+        """Whether this sweep runs: none began in the last ``spacing_s``. With Redis
+        unreachable it runs: the sweep is how work stranded by such an outage recovers."""
+        try:
+            return bool(self._client.set(self._key, "1", nx=True, px=_ms(spacing_s)))
+        except redis.RedisError:
+            return True
 
 
 class RedisWakeMarks:
