@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import redis
@@ -178,15 +179,7 @@ def test_a_slice_ends_in_one_command_with_each_event_its_own_message(
     assert refused is False and commands == ["EVALSHA"]
     assert not lease.held("t1") and dedup.seen("t1", "m1")
     assert [e.seq for e in events.recent("t1") if isinstance(e, ItemAdded)] == [1, 2]
-    received: list[str] = []
-
-    def drained() -> bool:
-        while (message := pubsub.get_message()) is not None:
-            received.append(json.loads(message["data"])["kind"])
-        return len(received) >= 3
-
-    wait_until(drained, 5, "the published events")
-    assert received == ["chunk", "item", "item"]
+    assert _received_kinds(pubsub, 3, "the published events") == ["chunk", "item", "item"]
     pubsub.close()
 
 
@@ -216,14 +209,20 @@ def test_a_slice_nobody_watches_publishes_once_yet_keeps_its_events(
 
     assert counts == [1, 3]
     assert [e.kind for e in events.recent("unwatched")] == ["item", "item"]
+    watched = _received_kinds(watcher, 3, "the watched thread's events")
+    assert watched == ["chunk", "item", "item"]
+    watcher.close()
+    client.close()
+
+
+def _received_kinds(pubsub: Any, count: int, what: str) -> list[str]:
+    """The kinds of the first ``count`` events ``pubsub`` receives, polled with a deadline."""
     received: list[str] = []
 
     def drained() -> bool:
-        while (message := watcher.get_message()) is not None:
+        while (message := pubsub.get_message()) is not None:
             received.append(json.loads(message["data"])["kind"])
-        return len(received) >= 3
+        return len(received) >= count
 
-    wait_until(drained, 5, "the watched thread's events")
-    assert received == ["chunk", "item", "item"]
-    watcher.close()
-    client.close()
+    wait_until(drained, 5, what)
+    return received
