@@ -31,6 +31,7 @@ from dormant.stores.base import (
     StoredItem,
     ThreadInfo,
 )
+from dormant.stores.closing import live_subscriptions
 from dormant.turn import Turn
 
 __all__ = [
@@ -41,8 +42,6 @@ __all__ = [
     "spawn_child",
     "spawn_event_thread",
 ]
-
-_LIVE = (CallState.PENDING, CallState.SUBSCRIBED)
 
 
 def new_thread_id() -> str:
@@ -141,15 +140,15 @@ def report_to_parent(
 def close_thread(
     thread: ThreadInfo, applied: Applied, turn: Turn, call: ToolCall, report: str | None
 ) -> None:
-    """Close this thread: descendants closed, own subscriptions cancelled, parent told."""
+    """Close this thread: its subscriptions' streams stopped, its parent told. The slice
+    answers what is still pending as it commits (``stores/closing.py``) and the store
+    closes the descendants in the same transaction."""
     turn.closing = True
     forked_at = thread.fork_seq or 0
-    for live in [c for c in applied.calls.values() if c.subscription and c.state in _LIVE]:
-        if live.seq <= forked_at:
-            continue  # inherited from the parent (its spawn or subscription call): not ours
-        if live.name != "spawn_thread":
+    for live in live_subscriptions(applied.calls.values()):
+        # One inherited from the parent (its spawn or subscription call) is not ours to stop.
+        if live.seq > forked_at and live.name != "spawn_thread":
             turn.outbox.append((live.call_id, "cancel"))
-        applied.set_state(live, CallState.CANCELLED)
     if thread.metadata.get("role") == "event":
         if report:
             sub = thread.metadata.get("subscription", "")

@@ -88,6 +88,7 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.closing import close_calls
 from dormant.stores.lineage import compacted
 from dormant.tools.builtins import (
     BuiltinContext,
@@ -293,7 +294,7 @@ class _Slice:
             # The seq makes the id unique in the thread; 8 random hex digits keep a sender's
             # own message id from ever colliding with it by accident. A whole uuid cost ~16
             # incompressible bytes an item in every stored history.
-            message_id = f"turn:{turn.next_seq + len(turn.items)}:{uuid.uuid4().hex[:8]}"
+            message_id = f"turn:{turn.free_seq}:{uuid.uuid4().hex[:8]}"
             assistant = turn.add(message_id, AssistantTurn(text=completion.text, calls=calls))
             visible.append(assistant)
             turn.usage = completion.usage
@@ -406,6 +407,12 @@ class _Slice:
         deps = self.deps
         thread = snap.thread
         status = _status(thread, applied, turn)
+        closing = status is ThreadStatus.CLOSED and thread.status is not ThreadStatus.CLOSED
+        if closing:
+            changed, results = close_calls(thread.id, applied.calls.values(), turn.free_seq)
+            for record in changed:
+                applied.set_state(record, record.state)
+            turn.items += results
         stopped = [
             cid
             for cid in applied.changed
@@ -428,8 +435,7 @@ class _Slice:
             timers=turn.timers,
             cancel_timers=stopped,
             threads=turn.threads,
-            close_descendants=status is ThreadStatus.CLOSED
-            and thread.status is not ThreadStatus.CLOSED,
+            close_descendants=closing,
             enqueue=turn.enqueue,
             usage=turn.usage,
         )

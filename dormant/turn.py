@@ -23,7 +23,12 @@ class Turn:
     usage: Usage | None = None
     closing: bool = False
 
+    @property
+    def free_seq(self) -> int:
+        """The seq of the next item added."""
+        return self.next_seq + len(self.items)
+
     def add(self, message_id: str, item: Item) -> StoredItem:
-        stored = StoredItem(self.next_seq + len(self.items), message_id, item)
+        stored = StoredItem(self.free_seq, message_id, item)
         self.items.append(stored)
         return stored

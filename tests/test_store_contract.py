@@ -588,8 +588,14 @@ def test_closing_a_thread_closes_its_descendants_and_cancels_their_subscriptions
         "watch": "cancelled",
         "wait": "cancelled",
         "over": "cancelled",
-        "plain": "pending",
+        "plain": "answered",
     }
+    # the calls still pending are answered, so the closed history stays well formed
+    answered = [(s.seq, s.item) for s in store.own_items(child.id)]
+    assert [(seq, item.call_id) for seq, item in answered] == [(1, "wait"), (2, "plain")]  # type: ignore[union-attr]
+    assert all(
+        isinstance(item, ToolResult) and "was closed first" in item.content for _, item in answered
+    )
     assert store.call(grandchild.id, "feed").state == "cancelled"
 
 

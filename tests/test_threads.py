@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from dormant import Agent, ToolContext, tool
+from dormant.check import check_store
 from dormant.errors import ThreadClosed
 from dormant.messages import AssistantTurn, EventShown, Item, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
@@ -232,6 +233,63 @@ def test_closing_a_thread_closes_its_children_and_cancels_their_subscriptions() 
     assert sorted(cancelled) == ["w-deep", "w-mid"]  # each tool's cancel hook ran once
     with pytest.raises(ThreadClosed):
         h.send(deep.id, "anyone?")
+
+
+def test_a_child_closed_before_its_first_message_still_answers_its_spawn_call() -> None:
+    """The middle thread spawns a child and closes in the same turn: the store closes the
+    child before its first message (the spawn call's result) is applied. That message is
+    refused, so closing must answer the call, or the child's history lacks a result."""
+
+    def script(items: Sequence[Item]) -> Completion:
+        last = items[-1]
+        if isinstance(last, UserText):
+            return reply("", call("spawn_thread", instructions="manage"))
+        if isinstance(last, ToolResult) and "Your task: manage" in last.content:
+            return reply(
+                "", call("spawn_thread", "s-deep", instructions="deep"), call("close_thread")
+            )
+        return reply("idle")
+
+    h = Harness(agent(script, []))
+    t = h.launch("a", "go")
+    h.drain()
+    middle = h.store.children(t)[0]
+    deep = h.store.children(middle.id)[0]
+    assert h.thread(deep.id).status is ThreadStatus.CLOSED
+    answer = results(h.history(deep.id))[-1]
+    assert answer.call_id == "s-deep" and "closed first" in answer.content and answer.is_error
+    refused = [r for r in h.store.inbox(deep.id) if r.message_id == "seed:s-deep"]
+    assert [r.state for r in refused] == [InboxState.REJECTED]
+    assert check_store(h.store) == []
+
+
+def test_closing_answers_a_pending_call_and_its_tool_never_runs() -> None:
+    started: list[str] = []
+
+    @tool(deferred=True)
+    def slow_build(target: str, ctx: ToolContext) -> None:
+        """Start a build; the result arrives later."""
+        started.append(target)
+
+    def script(items: Sequence[Item]) -> Completion:
+        last = items[-1]
+        if isinstance(last, UserText):
+            return reply("", call("spawn_thread", instructions="build"))
+        if isinstance(last, ToolResult) and "Your task: build" in last.content:
+            return reply("", call("slow_build", "b1", target="x"), call("close_thread"))
+        return reply("idle")
+
+    h = Harness(agent(script, [slow_build]))
+    t = h.launch("a", "go")
+    h.drain()
+    child = h.store.children(t)[0]
+    assert h.thread(child.id).status is ThreadStatus.CLOSED
+    assert h.store.call(child.id, "b1").state is CallState.ANSWERED
+    assert [r.content for r in results(h.history(child.id)) if r.call_id == "b1"] == [
+        f"Not answered: thread {child.id} was closed first."
+    ]
+    assert started == []  # the runner runs pending calls only
+    assert check_store(h.store) == []
 
 
 def threaded_agent(on_event: Completion) -> Agent:

@@ -53,6 +53,7 @@ from dormant.stores.base import (
     ThreadStatus,
     TimerRow,
 )
+from dormant.stores.closing import close_calls, live_subscriptions
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.memory_blob import unpack_lines
 from dormant.stores.memory_retention import MemoryRetention, _waiting
@@ -464,23 +465,24 @@ class MemoryStore(MemoryRetention):
         heapq.heappush(self._timer_heap, (row.due_at, row.id))
 
     def _close_descendants(self, thread_id: str, now: datetime) -> list[OutboxRow]:
-        """Close every open descendant; cancel their live subscriptions (cancel rows)."""
+        """Close every open descendant: its pending calls answered and its live
+        subscriptions cancelled (``stores/closing.py``), with "cancel" outbox rows."""
         rows: list[OutboxRow] = []
         for child in self.children(thread_id):
             t = self._threads[child.id]
             if child.status is not ThreadStatus.CLOSED:
-                calls = stored.calls_of(t)
-                for call in calls.values():
-                    if call.subscription and call.state in (
-                        CallState.PENDING,
-                        CallState.SUBSCRIBED,
-                    ):
-                        calls[call.call_id] = replace(call, state=CallState.CANCELLED)
-                        row = OutboxRow(next(self._ids), child.id, call.call_id, "cancel", now)
-                        self._outbox[row.id] = row
-                        rows.append(row)
-                stored.set_calls(t, calls)
+                hot = self._heat(child.id, t)
+                first = hot.items[-1].seq + 1 if hot.items else (child.fork_seq or 0) + 1
+                changed, results = close_calls(child.id, hot.calls.values(), first)
+                for call in live_subscriptions(hot.calls.values()):
+                    row = OutboxRow(next(self._ids), child.id, call.call_id, "cancel", now)
+                    self._outbox[row.id] = row
+                    rows.append(row)
+                hot.calls.update({c.call_id: c for c in changed})
+                hot.items += results
+                hot.unsaved += len(results)
                 stored.update(t, status=ThreadStatus.CLOSED)
+                self._cool(child.id, t)
             rows += self._close_descendants(child.id, now)
         return rows
 

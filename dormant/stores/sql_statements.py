@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, func, select, update
 
 from dormant.errors import (
     CallAnswered,
@@ -33,10 +33,12 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.closing import close_calls, live_subscriptions
 from dormant.stores.sql_direct import run, run_many
 from dormant.stores.sql_items import ItemCache
 from dormant.stores.sql_prepared import prepared
 from dormant.stores.sql_rows import (
+    call_record,
     call_values,
     inbox_row,
     inbox_values,
@@ -300,41 +302,31 @@ def children(conn: Connection, thread_id: str) -> list[ThreadInfo]:
 
 
 def close_descendants(conn: Connection, thread_id: str, now: datetime) -> list[OutboxRow]:
-    """Close every open descendant (depth first, oldest child first), cancelling their live
-    subscriptions; the "cancel" outbox rows let the tools' hooks stop their streams."""
-    threads = tables(conn).threads
+    """Close every open descendant (depth first, oldest child first): its pending calls
+    answered and its live subscriptions cancelled (``stores/closing.py``); the "cancel"
+    outbox rows let the tools' hooks stop their streams."""
+    t = tables(conn)
     cancelled: list[OutboxRow] = []
     for child in children(conn, thread_id):
         if child.status is not ThreadStatus.CLOSED:
-            cancelled += _cancel_subscriptions(conn, child.id, now)
+            found = run(conn, prepared(conn).calls_of, {"thread_id": child.id})
+            calls = [call_record(r) for r in found.rows]
+            last = conn.execute(
+                select(func.max(t.items.c.seq)).where(t.items.c.thread_id == child.id)
+            ).scalar()
+            changed, results = close_calls(child.id, calls, (last or child.fork_seq or 0) + 1)
+            upsert_calls(conn, child.id, changed)
+            insert_items(conn, child.id, results)
+            live = [(child.id, c.call_id, "cancel") for c in live_subscriptions(calls)]
+            cancelled += insert_outbox(conn, live, now)
             conn.execute(
-                update(threads)
-                .where(threads.c.id == child.id)
+                update(t.threads)
+                .where(t.threads.c.id == child.id)
                 .values(
                     status=ThreadStatus.CLOSED.value,
-                    version=threads.c.version + 1,
+                    version=t.threads.c.version + 1,
                     updated_at=now,
                 )
             )
         cancelled += close_descendants(conn, child.id, now)
     return cancelled
-
-
-def _cancel_subscriptions(conn: Connection, thread_id: str, now: datetime) -> list[OutboxRow]:
-    calls = tables(conn).calls
-    live = (CallState.PENDING.value, CallState.SUBSCRIBED.value)
-    mine = (calls.c.thread_id == thread_id, calls.c.subscription.is_(True))
-    call_ids = list(
-        conn.execute(
-            select(calls.c.call_id)
-            .where(*mine, calls.c.state.in_(live))
-            .order_by(calls.c.seq, calls.c.call_id)
-        ).scalars()
-    )
-    if call_ids:
-        conn.execute(
-            update(calls)
-            .where(*mine, calls.c.call_id.in_(call_ids))
-            .values(state=CallState.CANCELLED.value)
-        )
-    return insert_outbox(conn, [(thread_id, call_id, "cancel") for call_id in call_ids], now)

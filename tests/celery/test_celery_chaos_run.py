@@ -25,13 +25,6 @@ RUN_TIMEOUT_S = 400.0
 
 
 @pytest.mark.timeout(scaled(RUN_TIMEOUT_S + 180))
-@pytest.mark.xfail(
-    reason="open: a thread closed while one of its calls still waited for its result keeps "
-    "that call without one (a child closed before its seed, the spawn result, was applied: "
-    "the seed is rejected as sent to a closed thread); the checker reports it as lost, in "
-    "about 1 run in 5 on a loaded machine (docs/guarantees.md, 'What is not promised')",
-    strict=False,
-)
 def test_the_bounded_chaos_run_keeps_every_promise() -> None:
     why = available()
     if why:
