@@ -31,7 +31,7 @@ from dormant.stores.base import (
     StoredItem,
     ThreadInfo,
 )
-from dormant.stores.closing import live_subscriptions
+from dormant.stores.closing import streams_to_stop
 from dormant.turn import Turn
 
 __all__ = [
@@ -144,11 +144,8 @@ def close_thread(
     answers what is still pending as it commits (``stores/closing.py``) and the store
     closes the descendants in the same transaction."""
     turn.closing = True
-    forked_at = thread.fork_seq or 0
-    for live in live_subscriptions(applied.calls.values()):
-        # One inherited from the parent (its spawn or subscription call) is not ours to stop.
-        if live.seq > forked_at and live.name != "spawn_thread":
-            turn.outbox.append((live.call_id, "cancel"))
+    for live in streams_to_stop(applied.calls.values(), thread.fork_seq):
+        turn.outbox.append((live.call_id, "cancel"))
     if thread.metadata.get("role") == "event":
         if report:
             sub = thread.metadata.get("subscription", "")

@@ -566,6 +566,9 @@ def test_closing_a_thread_closes_its_descendants_and_cancels_their_subscriptions
         record("plain", CallState.PENDING, seq=4),
     )
     with_calls(store, grandchild.id, record("feed", CallState.SUBSCRIBED, subscription=True))
+    # an event thread's copy of the subscription it inherited: the subscriber's to stop
+    event = new_thread(store, parent_id=root.id, fork_seq=5)
+    with_calls(store, event.id, record("sub", CallState.SUBSCRIBED, subscription=True, seq=5))
     store.set_status(done.id, ThreadStatus.CLOSED)
     closed_version = store.thread(done.id).version
 
@@ -581,7 +584,9 @@ def test_closing_a_thread_closes_its_descendants_and_cancels_their_subscriptions
             (grandchild.id, "feed", "cancel"),
         ]
     )
-    assert all(store.thread(t.id).status == "closed" for t in (root, child, done, grandchild))
+    assert all(
+        store.thread(t.id).status == "closed" for t in (root, child, done, grandchild, event)
+    )
     assert store.thread(done.id).version == closed_version
     states = {c.call_id: c.state for c in store.load(child.id).calls.values()}
     assert states == {
@@ -597,6 +602,8 @@ def test_closing_a_thread_closes_its_descendants_and_cancels_their_subscriptions
         isinstance(item, ToolResult) and "was closed first" in item.content for _, item in answered
     )
     assert store.call(grandchild.id, "feed").state == "cancelled"
+    assert store.call(event.id, "sub").state == "cancelled"
+    assert store.own_items(event.id) == []  # nothing of its own was pending
 
 
 def test_items_without_a_message_id_may_share_the_empty_id(store: Store) -> None:

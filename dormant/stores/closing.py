@@ -17,7 +17,7 @@ from dataclasses import replace
 from dormant.messages import ToolResult
 from dormant.stores.base import CallRecord, CallState, StoredItem
 
-__all__ = ["close_calls", "live_subscriptions"]
+__all__ = ["close_calls", "streams_to_stop"]
 
 
 def close_calls(
@@ -44,7 +44,17 @@ def close_calls(
     return changed, results
 
 
-def live_subscriptions(calls: Iterable[CallRecord]) -> list[CallRecord]:
-    """Subscriptions a closing thread cancels (its first result due, or its events flowing)."""
+def streams_to_stop(calls: Iterable[CallRecord], fork_seq: int | None) -> list[CallRecord]:
+    """The live subscriptions a closing thread cancels with a "cancel" outbox row: its own
+    (first result due, or events flowing), not the spawn or subscription call it inherited
+    from its parent, which is the parent's to stop, and not its children's spawn calls,
+    which the store closes with their threads."""
     live = (CallState.PENDING, CallState.SUBSCRIBED)
-    return [c for c in calls if c.subscription and c.state in live]
+    return [
+        c
+        for c in calls
+        if c.subscription
+        and c.state in live
+        and c.seq > (fork_seq or 0)
+        and c.name != "spawn_thread"
+    ]

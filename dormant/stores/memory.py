@@ -53,7 +53,7 @@ from dormant.stores.base import (
     ThreadStatus,
     TimerRow,
 )
-from dormant.stores.closing import close_calls, live_subscriptions
+from dormant.stores.closing import close_calls, streams_to_stop
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.memory_blob import unpack_lines
 from dormant.stores.memory_retention import MemoryRetention, _waiting
@@ -474,7 +474,7 @@ class MemoryStore(MemoryRetention):
                 hot = self._heat(child.id, t)
                 first = hot.items[-1].seq + 1 if hot.items else (child.fork_seq or 0) + 1
                 changed, results = close_calls(child.id, hot.calls.values(), first)
-                for call in live_subscriptions(hot.calls.values()):
+                for call in streams_to_stop(hot.calls.values(), child.fork_seq):
                     row = OutboxRow(next(self._ids), child.id, call.call_id, "cancel", now)
                     self._outbox[row.id] = row
                     rows.append(row)

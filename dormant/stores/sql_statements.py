@@ -33,7 +33,7 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
-from dormant.stores.closing import close_calls, live_subscriptions
+from dormant.stores.closing import close_calls, streams_to_stop
 from dormant.stores.sql_direct import run, run_many
 from dormant.stores.sql_items import ItemCache
 from dormant.stores.sql_prepared import prepared
@@ -317,7 +317,7 @@ def close_descendants(conn: Connection, thread_id: str, now: datetime) -> list[O
             changed, results = close_calls(child.id, calls, (last or child.fork_seq or 0) + 1)
             upsert_calls(conn, child.id, changed)
             insert_items(conn, child.id, results)
-            live = [(child.id, c.call_id, "cancel") for c in live_subscriptions(calls)]
+            live = [(child.id, c.call_id, "cancel") for c in streams_to_stop(calls, child.fork_seq)]
             cancelled += insert_outbox(conn, live, now)
             conn.execute(
                 update(t.threads)
