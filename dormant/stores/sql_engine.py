@@ -71,8 +71,16 @@ def make_engine(database_url: str, *, echo: bool = False) -> Engine:
 def _postgres_engine(url: URL, echo: bool) -> Engine:
     """A pool that pings a connection before lending it only when it sat unused for
     ``PING_IDLE_S``: a dropped server connection is found before it fails a transaction,
-    without a round trip per transaction of a busy worker (``pool_pre_ping`` pings always)."""
-    engine = create_engine(url, echo=echo)
+    without a round trip per transaction of a busy worker (``pool_pre_ping`` pings always).
+
+    Its sessions run with JIT compilation off: every statement here reads or writes a few
+    rows by key, and JIT pays only for long scans. With statistics not yet gathered after
+    fast growth (100,000 threads added at once) the planner's estimates for a thread's
+    items ran to 200,000 rows, past ``jit_above_cost``, and compiling took 16 ms of a 30 ms
+    read that takes 0.1 ms once analyzed (``docs/benchmarks.md``, idle scale)."""
+    given = url.query.get("options", "")
+    options = " ".join([*((given,) if isinstance(given, str) else given), "-c jit=off"])
+    engine = create_engine(url, echo=echo, connect_args={"options": options.strip()})
 
     def stamp(_dbapi_connection: Any, record: Any) -> None:
         record.info[_USED_AT] = time.monotonic()
