@@ -356,11 +356,13 @@ def _run(
         kinds = [FAULT_KINDS[k % len(FAULT_KINDS)] for k in range(args.faults)]
         rng.shuffle(kinds)
         misses = 0
+        last_fault = time.monotonic()
         try:
             while kinds:
                 kind = kinds.pop(0)
                 time.sleep(rng.uniform(0.5, 1.5) * args.fault_gap_s)
                 if cluster.inject(kind):
+                    last_fault = time.monotonic()
                     progress.advance(faulting)
                 elif misses < max(10, args.faults // 10):  # nothing to hit: try it later
                     # Somewhere among the faults still to come, not last: once the senders
@@ -379,7 +381,6 @@ def _run(
                 f"the senders were still blocked {SENDER_GRACE_S:.0f} s after the last fault "
                 f"({driver.messages} messages sent); their stacks are in {stacks}"
             )
-        last_fault = time.monotonic()
         quiet = progress.add_task("waiting to quiesce", total=None)
         senders_done.set()
         verdict = judge(
