@@ -42,8 +42,8 @@ def sweep_once(
         dispatcher.dispatch(outbox)
         store.mark_dispatched([outbox.id])
         woke = True
-    for thread_id in store.threads_to_wake(now=now):
+    for thread_id, priority in store.wakes_due(now=now):
         if not lease.held(thread_id):
-            dispatcher.wake(thread_id, 0)
+            dispatcher.wake(thread_id, priority)
             woke = True
     return woke

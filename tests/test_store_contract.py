@@ -540,6 +540,21 @@ def test_a_new_thread_starts_with_the_items_and_calls_it_is_given(store: Store) 
     assert [s.message_id for s in store.own_items(direct.id)] == ["d-1"]
 
 
+def test_wakes_due_carry_the_highest_priority_of_each_threads_pending_rows(
+    store: Store,
+) -> None:
+    mixed, background = new_thread(store), new_thread(store)
+    store.enqueue(mixed.id, "m-1", UserMessage(text="a"), Priority.BACKGROUND)
+    store.enqueue(mixed.id, "m-2", UserMessage(text="b"), Priority.INTERACTIVE)
+    store.enqueue(background.id, "b-1", UserMessage(text="c"), Priority.BACKGROUND)
+
+    assert store.wakes_due() == [
+        (mixed.id, Priority.INTERACTIVE),
+        (background.id, Priority.BACKGROUND),
+    ]
+    assert store.threads_to_wake() == [mixed.id, background.id]
+
+
 def test_children_are_listed_oldest_first(store: Store) -> None:
     parent = new_thread(store)
     kids = [new_thread(store, parent_id=parent.id, fork_seq=0) for _ in range(3)]

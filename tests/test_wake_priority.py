@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from dormant import Agent, LocalSystem, ToolContext, tool
 from dormant.messages import Item, UserText
@@ -12,6 +13,7 @@ from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.slice import Waiting
 from dormant.stores.base import Priority, ThreadStatus
+from dormant.sweeper import sweep_once
 from tests.harness import Harness
 
 callbacks: dict[str, str] = {}
@@ -114,3 +116,34 @@ def test_local_system_runs_user_text_before_queued_tool_results() -> None:
         system.run_until_idle(timeout_s=60)
     assert completions[0] == user, completions
     assert sorted(completions[1:]) == sorted([*background, holder])
+
+
+def test_the_sweeper_rewakes_each_thread_at_the_priority_of_its_waiting_rows() -> None:
+    """A wake lost with the broker (Redis down during ``send``) is redone by the sweeper:
+    user text at interactive priority, not queued behind background work."""
+    h = _Wakes(AGENT)
+    background, call_id = _waiting_thread(h)
+    h.deliver(background, call_id, "done")
+    interactive = h.launch("a", "hi")
+    h.send(background, "and also this")  # its thread's highest row decides
+    text_only = h.launch("a", "hello")
+    h.wakes.clear()  # as if every one of those wakes had been lost
+
+    sweep_once(h.store, h.lease, h, datetime.now(UTC), grace_s=60.0, lost_after_s=3600.0)
+
+    assert sorted(h.wakes) == sorted(
+        [
+            (background, Priority.INTERACTIVE),
+            (interactive, Priority.INTERACTIVE),
+            (text_only, Priority.INTERACTIVE),
+        ]
+    )
+    h.wakes.clear()
+    h.drain()
+    only_result, call_id = _waiting_thread(h)
+    h.deliver(only_result, call_id, "done")
+    h.wakes.clear()
+
+    sweep_once(h.store, h.lease, h, datetime.now(UTC), grace_s=60.0, lost_after_s=3600.0)
+
+    assert h.wakes == [(only_result, Priority.BACKGROUND)]

@@ -406,6 +406,12 @@ class SweepStore(Protocol):
         pending, longest-waiting first."""
         ...
 
+    def wakes_due(self, limit: int = 100, *, now: datetime | None = None) -> list[tuple[str, int]]:
+        """``threads_to_wake``, each with the highest priority among its pending rows: the
+        priority its re-wake must have, so that user text whose own wake was lost is not
+        queued behind background work."""
+        ...
+
     def next_timer_due(self) -> datetime | None: ...
 
     def prune_batch(

@@ -367,17 +367,21 @@ class MemoryStore(MemoryRetention):
             return True
 
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
+        return [thread_id for thread_id, _ in self.wakes_due(limit, now=now)]
+
+    def wakes_due(self, limit: int = 100, *, now: datetime | None = None) -> list[tuple[str, int]]:
         with self._lock:
-            waiting: list[tuple[int, str]] = []  # (oldest pending row id, thread id)
+            waiting: list[tuple[int, str, int]] = []  # (oldest pending row id, thread, priority)
             for thread_id, rows in self._open.items():
-                oldest = next((r.id for r in rows.values() if r.state is InboxState.PENDING), None)
-                if oldest is None:
+                pending = [r for r in rows.values() if r.state is InboxState.PENDING]
+                if not pending:
                     continue
                 info = stored.info_of(self._threads[thread_id])
                 backing_off = now is not None and info.retry_at is not None and info.retry_at > now
                 if info.status is not ThreadStatus.STALLED and not backing_off:
-                    waiting.append((oldest, thread_id))
-            return [thread_id for _, thread_id in sorted(waiting)[:limit]]
+                    oldest = min(r.id for r in pending)
+                    waiting.append((oldest, thread_id, max(r.priority for r in pending)))
+            return [(thread_id, priority) for _, thread_id, priority in sorted(waiting)[:limit]]
 
     def next_timer_due(self) -> datetime | None:
         with self._lock:

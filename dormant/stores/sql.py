@@ -411,10 +411,13 @@ class SQLStore(SQLRetention, SQLClaims):
                     fired.append(row)
         return fired
 
-    @retry_busy
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads with rows no slice has looked at, the longest-waiting first; stalled
         ones wait for ``retry``."""
+        return [thread_id for thread_id, _ in self.wakes_due(limit, now=now)]
+
+    @retry_busy
+    def wakes_due(self, limit: int = 100, *, now: datetime | None = None) -> list[tuple[str, int]]:
         with self._tx(direct=True) as conn:
             ready = prepared(conn)
             if now is None:
@@ -422,7 +425,7 @@ class SQLStore(SQLRetention, SQLClaims):
             else:
                 params = {"limit": limit, "now": as_utc(now)}
                 found = run(conn, ready.threads_to_wake_at, params)
-            return found.scalars()
+            return [(r["thread_id"], r["priority"]) for r in found.rows]
 
     @retry_busy
     def next_timer_due(self) -> datetime | None:

@@ -218,7 +218,7 @@ class Prepared:
         )
         # sweeper
         wake = (
-            select(inbox.c.thread_id)
+            select(inbox.c.thread_id, func.max(inbox.c.priority).label("priority"))
             .join(threads, threads.c.id == inbox.c.thread_id)
             .where(is_pending(inbox), threads.c.status != ThreadStatus.STALLED.value)
             .group_by(inbox.c.thread_id)
