@@ -40,7 +40,7 @@ def test_a_sweep_wakes_unapplied_threads_without_a_live_lease() -> None:
     lease.acquire("leased", 60)
 
     assert sweep_once(store, lease, dispatcher, datetime.now(UTC), grace_s=10, lost_after_s=3600)
-    assert dispatcher.woken == [("free", 0)]
+    assert dispatcher.woken == [("free", Priority.INTERACTIVE)]  # the priority of its row
 
 
 def test_a_sweep_fires_due_timers_and_redispatches_stranded_outbox_rows() -> None:
@@ -77,4 +77,4 @@ def test_a_sweep_fires_due_timers_and_redispatches_stranded_outbox_rows() -> Non
     assert sweep_once(
         store, lease, again, now + timedelta(seconds=12), grace_s=10, lost_after_s=3600
     )
-    assert again.woken == [("t1", 0)] and again.dispatched == []
+    assert again.woken == [("t1", Priority.BACKGROUND)] and again.dispatched == []
