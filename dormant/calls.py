@@ -8,6 +8,8 @@ dispatched after the commit.
 
 from __future__ import annotations
 
+import uuid
+
 from dormant.agents import Agent
 from dormant.children import close_thread, report_to_parent, spawn_child
 from dormant.history import Applied
@@ -26,7 +28,7 @@ from dormant.tools.builtins import (
 )
 from dormant.turn import Turn
 
-__all__ = ["start_call"]
+__all__ = ["fresh_ids", "start_call"]
 
 
 def start_call(
@@ -110,3 +112,15 @@ def start_call(
             turn.enqueue.append((child.id, f"parent:{call.call_id}", note, Priority.BACKGROUND))
             return answer(f"Message sent to child thread {child.id}.")
     return None
+
+
+def fresh_ids(calls: tuple[ToolCall, ...], known: dict[str, CallRecord]) -> tuple[ToolCall, ...]:
+    """The calls with an empty or reused id given a fresh one, so each id has one result."""
+    seen = set(known)
+    fresh = []
+    for call in calls:
+        if not call.call_id or call.call_id in seen:
+            call = call.model_copy(update={"call_id": f"call_{uuid.uuid4().hex[:24]}"})
+        seen.add(call.call_id)
+        fresh.append(call)
+    return tuple(fresh)

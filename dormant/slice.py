@@ -23,7 +23,7 @@ import time
 import uuid
 
 from dormant.agents import Agent
-from dormant.calls import start_call
+from dormant.calls import fresh_ids, start_call
 from dormant.children import (
     instructions_for,
     spawn_event_thread,
@@ -47,7 +47,6 @@ from dormant.messages import (
     Rejected,
     StatusChanged,
     Summary,
-    ToolCall,
     ToolDispatched,
     Usage,
 )
@@ -76,7 +75,6 @@ from dormant.slice_failures import (
     record_failed,
 )
 from dormant.stores.base import (
-    CallRecord,
     CallState,
     Commit,
     InboxRow,
@@ -290,7 +288,7 @@ class _Slice:
             )
             completion = self._complete(model, request)
             deps.crash("after_model")
-            calls = _fresh_ids(completion.calls, applied.calls)
+            calls = fresh_ids(completion.calls, applied.calls)
             # The seq makes the id unique in the thread; 8 random hex digits keep a sender's
             # own message id from ever colliding with it by accident. A whole uuid cost ~16
             # incompressible bytes an item in every stored history.
@@ -489,15 +487,3 @@ def _status(thread: ThreadInfo, applied: Applied, turn: Turn) -> ThreadStatus:
     if thread.metadata.get("role") == "event" and applied.woke:
         return ThreadStatus.CLOSED  # a temporary thread that went idle has nothing left to do
     return ThreadStatus.IDLE
-
-
-def _fresh_ids(calls: tuple[ToolCall, ...], known: dict[str, CallRecord]) -> tuple[ToolCall, ...]:
-    """The calls with an empty or reused id given a fresh one, so each id has one result."""
-    seen = set(known)
-    fresh = []
-    for call in calls:
-        if not call.call_id or call.call_id in seen:
-            call = call.model_copy(update={"call_id": f"call_{uuid.uuid4().hex[:24]}"})
-        seen.add(call.call_id)
-        fresh.append(call)
-    return tuple(fresh)

@@ -476,7 +476,7 @@ class MemoryStore(MemoryRetention):
             t = self._threads[child.id]
             if child.status is not ThreadStatus.CLOSED:
                 hot = self._heat(child.id, t)
-                first = hot.items[-1].seq + 1 if hot.items else (child.fork_seq or 0) + 1
+                first = next_seq(hot.info, hot.items)
                 changed, results = close_calls(child.id, hot.calls.values(), first)
                 for call in streams_to_stop(hot.calls.values(), child.fork_seq):
                     row = OutboxRow(next(self._ids), child.id, call.call_id, "cancel", now)
