@@ -136,10 +136,11 @@ class Cluster:
     def _drop_a_task(self) -> bool:
         """Take one queued task message off a broker list, as a failing broker would lose it.
 
-        On a quiet machine the workers take each task as soon as it is published, so the
-        lists are empty whenever they are looked at. If a first look finds nothing, the
-        workers are paused (SIGSTOP, for half the lease TTL at most: no lease lapses) while
-        tasks published meanwhile queue up, and one of those is dropped."""
+        On a quiet machine the lists are empty whenever they are looked at: Redis hands each
+        published task straight to a worker blocked in BRPOP. If a first look finds nothing,
+        the workers are paused (SIGSTOP, for half the lease TTL at most: no lease lapses), so
+        that once their BRPOPs are served later tasks stay queued, and one is dropped. A
+        quiet run may still find none."""
         if self._pop_a_task(within_s=0.5):
             return True
         workers = [proc for name, proc in self.procs.items() if name != "beat"]

@@ -17,6 +17,7 @@ import sys
 import pytest
 from conftest import ROOT, _unavailable, scaled
 
+from chaos.faults import FAULT_KINDS
 from chaos.services import available
 
 AGENTS = 60
@@ -47,5 +48,9 @@ def test_the_bounded_chaos_run_keeps_every_promise() -> None:
     assert run.returncode == 0, f"seed {seed}:\n{stdout[-8000:]}\n{stderr[-4000:]}"
     figures = dict(re.findall(r"^(lost|duplicated|stuck)\s+(\d+)$", report, re.MULTILINE))
     assert figures == {"lost": "0", "duplicated": "0", "stuck": "0"}, report
-    kinds = re.findall(r"^  (.+?)\s+(\d+)$", report, re.MULTILINE)
-    assert len([k for k, n in kinds if k != "total" and int(n) > 0]) == 7, report
+    kinds = dict(re.findall(r"^  (.+?)\s+(\d+)$", report, re.MULTILINE))
+    # Every kind but the broker drop is injected whatever the traffic. A drop needs a task
+    # still queued, and Redis hands each published task straight to a worker blocked in
+    # BRPOP: on a quiet machine a run may find none (docs/guarantees.md).
+    always = [k for k in FAULT_KINDS if k != "broker dropped a task"]
+    assert all(int(kinds.get(k, 0)) > 0 for k in always), report
