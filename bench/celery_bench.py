@@ -152,7 +152,7 @@ class Bench:
 
 @contextmanager
 def database(admin_url: str) -> Iterator[str]:
-    from dormant.stores.sql import upgrade
+    from dormant.stores.sql.store import upgrade
 
     admin = create_engine(
         make_url(admin_url).set(drivername="postgresql+psycopg"), isolation_level="AUTOCOMMIT"

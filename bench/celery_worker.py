@@ -10,7 +10,7 @@ import sys
 
 from celery_app import app
 
-from dormant.worker_process import start_worker
+from dormant.celery.worker_process import start_worker
 
 if __name__ == "__main__":
     concurrency, hostname = int(sys.argv[1]), sys.argv[2]

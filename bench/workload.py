@@ -143,7 +143,7 @@ class DormantRunner(Runner):
         return texts
 
     def stored_bytes(self, agents: int) -> int | None:
-        from dormant.stores.memory import MemoryStore
+        from dormant.stores.memory.store import MemoryStore
 
         store = self.system.store
         if isinstance(store, MemoryStore):

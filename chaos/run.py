@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         pg.init()
         pg.start()
         database_url = pg.create_database("dormant")
-        from dormant.stores.sql import upgrade
+        from dormant.stores.sql.store import upgrade
 
         upgrade(database_url)
         env = {

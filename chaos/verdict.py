@@ -96,10 +96,10 @@ def judge(
     timeout_s: float,
     tick: Callable[[], None],
 ) -> Verdict:
-    from dormant.check import check_store
     from dormant.errors import UnknownThread
     from dormant.messages import UserText
-    from dormant.stores.sql import SQLStore
+    from dormant.ops.check import check_store
+    from dormant.stores.sql.store import SQLStore
 
     verdict = Verdict()
     store = SQLStore(env["DORMANT_DATABASE_URL"])

@@ -6,7 +6,7 @@ import functools
 import importlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from dormant.errors import ConfigurationError, UnknownAgent
 from dormant.messages import EVENT_TOOL_NAME
@@ -15,7 +15,10 @@ from dormant.stores.base import CallRecord, CallState, ThreadInfo
 from dormant.tools.base import Tool
 from dormant.tools.builtins import BUILTINS, THREAD_TOOLS, offered_builtins
 
-__all__ = ["Agent", "AgentRegistry", "Steering"]
+if TYPE_CHECKING:
+    from dormant.settings import Settings
+
+__all__ = ["NO_AGENTS", "Agent", "AgentRegistry", "AgentSource", "Steering", "load_agents"]
 
 Steering = Literal["enqueue", "interrupt", "reject"]
 
@@ -143,3 +146,22 @@ class AgentRegistry(Mapping[str, Agent]):
         if not agents:
             raise ConfigurationError(f"module {path!r} defines no Agent")
         return cls(agents)
+
+
+NO_AGENTS = "no agents: set DORMANT_AGENTS to a module, e.g. myapp.agents"
+
+AgentSource = AgentRegistry | Iterable[Agent] | str | None
+"""Agents as a registry, a list, a module path (``"myapp.agents"``), or None for
+``Settings.agents_module``."""
+
+
+def load_agents(source: AgentSource, settings: Settings) -> AgentRegistry:
+    if isinstance(source, AgentRegistry):
+        return source
+    if source is None:
+        if not settings.agents_module:
+            raise ConfigurationError(NO_AGENTS)
+        return AgentRegistry.from_module(settings.agents_module)
+    if isinstance(source, str):
+        return AgentRegistry.from_module(source)
+    return AgentRegistry(source)

@@ -26,7 +26,7 @@ from dormant.errors import (
     ThreadBusy,
     UnknownMessage,
 )
-from dormant.history import pending
+from dormant.http.tokens import callback_url, parse_callback_url, verify
 from dormant.messages import (
     Event,
     EventMessage,
@@ -35,6 +35,7 @@ from dormant.messages import (
     ToolResultMessage,
     UserMessage,
 )
+from dormant.runtime.history import pending
 from dormant.settings import Settings
 from dormant.stores.base import (
     DedupSet,
@@ -48,7 +49,6 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.lineage import full_history
-from dormant.tokens import callback_url, parse_callback_url, verify
 from dormant.tools.runner import as_text
 
 __all__ = ["BaseClient", "Waker", "new_message_id", "new_thread_id"]

@@ -104,7 +104,8 @@ class Client(BaseClient):
         celery_app: Celery | None = None,
         on_commit: OnCommit | None = None,
     ) -> Self:
-        from dormant.labels import LabelledSQLStore, TaskLabels
+        from dormant.celery.dispatch import CeleryDispatcher, client_dispatcher
+        from dormant.celery.labels import LabelledSQLStore, TaskLabels
         from dormant.stores.redis import (
             RedisDedup,
             RedisEvents,
@@ -113,7 +114,6 @@ class Client(BaseClient):
             redis_client,
             wake_mark_ttl_s,
         )
-        from dormant.worker import CeleryDispatcher, client_dispatcher
 
         redis = redis_client(settings)
         # The agents of threads this client launched or read name their slices in Flower.

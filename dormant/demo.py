@@ -23,7 +23,7 @@ from dormant.local import LocalSystem
 from dormant.messages import Chunk, Event, EventShown, Item, StatusChanged, ToolResult, UserText
 from dormant.models.base import Completion
 from dormant.models.scripted import ScriptedModel, call, reply
-from dormant.timeline import render_event
+from dormant.ops.timeline import render_event
 from dormant.tools.base import ToolContext, tool
 
 __all__ = ["run_demo"]

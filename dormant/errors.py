@@ -43,7 +43,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dormant.idle import IdleReport
+    from dormant.runtime.idle import IdleReport
 
 __all__ = [
     "BrokerUnavailable",

@@ -20,14 +20,14 @@ from types import TracebackType
 from dormant.agents import Agent, AgentRegistry
 from dormant.base_client import BaseClient
 from dormant.errors import DormantError, ThreadsFailed
-from dormant.idle import IdleReport, failed_threads
 from dormant.messages import Chunk, Event
+from dormant.runtime.idle import IdleReport, failed_threads
+from dormant.runtime.slice import SliceDeps, run_slice
+from dormant.runtime.sweeper import sweep_once
 from dormant.settings import Settings
-from dormant.slice import SliceDeps, run_slice
 from dormant.stores.base import OutboxRow, Priority, Store
-from dormant.stores.memory import MemoryStore
-from dormant.stores.memory_sync import MemoryDedup, MemoryLease
-from dormant.sweeper import sweep_once
+from dormant.stores.memory.store import MemoryStore
+from dormant.stores.memory.sync import MemoryDedup, MemoryLease
 from dormant.tools.runner import execute_outbox
 
 __all__ = ["LocalSystem", "open_store"]
@@ -41,7 +41,7 @@ def open_store(database_url: str, table_prefix: str = "") -> Store:
     """A store for ``database_url``: ``memory://`` or an SQL URL (migrated to head)."""
     if database_url.startswith("memory:"):
         return MemoryStore()
-    from dormant.stores.sql import SQLStore, upgrade
+    from dormant.stores.sql.store import SQLStore, upgrade
 
     upgrade(database_url, table_prefix=table_prefix)
     return SQLStore(database_url, table_prefix=table_prefix)

@@ -25,12 +25,13 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from celery import Celery, Task
 
-from dormant.agents import AgentRegistry
+from dormant.agents import AgentRegistry, AgentSource, load_agents
+from dormant.celery.config import PRUNE_TASK, SLICE_TASK, SWEEP_TASK, TOOL_TASK
+from dormant.celery.dispatch import CeleryDispatcher
 from dormant.client import Client
 from dormant.errors import CrashPoint, LeaseLost, NotFound, SliceFailed
-from dormant.prune import prune
-from dormant.settings import Settings
-from dormant.slice import (
+from dormant.ops.prune import prune
+from dormant.runtime.slice import (
     Busy,
     Closed,
     Failed,
@@ -44,6 +45,8 @@ from dormant.slice import (
     Waiting,
     run_slice,
 )
+from dormant.runtime.sweeper import sweep_once
+from dormant.settings import Settings
 from dormant.stores.base import OutboxRow
 from dormant.stores.redis import (
     RedisDedup,
@@ -55,23 +58,13 @@ from dormant.stores.redis import (
     redis_client,
     wake_mark_ttl_s,
 )
-from dormant.sweeper import sweep_once
 from dormant.tools.claims import held_claim
 from dormant.tools.runner import execute_outbox
-from dormant.worker import (
-    PRUNE_TASK,
-    SLICE_TASK,
-    SWEEP_TASK,
-    TOOL_TASK,
-    AgentSource,
-    CeleryDispatcher,
-    load_agents,
-)
 
 if TYPE_CHECKING:
     # The SQL store (SQLAlchemy, the migrations' Alembic) is imported when the runtime is
     # built, on the worker's warm-up thread once it consumes, not before it starts.
-    from dormant.labels import LabelledSQLStore
+    from dormant.celery.labels import LabelledSQLStore
 
 __all__ = ["LazyRuntime", "Runtime", "outcome_text", "register_tasks"]
 
@@ -95,7 +88,7 @@ class Runtime:
 
     @classmethod
     def build(cls, celery_app: Celery, settings: Settings, agents: AgentRegistry) -> Runtime:
-        from dormant.labels import LabelledSQLStore, TaskLabels
+        from dormant.celery.labels import LabelledSQLStore, TaskLabels
 
         settings = settings.require_secret()  # tools' callback URLs are signed
         client = redis_client(settings)

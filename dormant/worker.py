@@ -1,4 +1,4 @@
-"""The Celery app: its configuration baseline, ``install`` on an existing app, the dispatcher.
+"""The Celery app: ``create_app``, ``install`` on an existing app, the default ``app``.
 
 ``celery -A dormant.worker worker`` finds the module attribute ``app``. It is built on first
 access, through a module ``__getattr__`` (PEP 562), from ``Settings.from_env()`` and the
@@ -10,8 +10,9 @@ Without ``DORMANT_AGENTS`` the app is built without agents, for the processes th
 task (Flower, beat, ``celery inspect``); a worker started on it exits at once saying so.
 ``dormant worker`` builds its app explicitly with ``create_app``.
 
-Celery is imported here and in ``tasks.py``, ``producer_app.py`` and ``worker_process.py``
-only.
+The configuration baseline and the names of queues and tasks are in ``celery/config.py``,
+the dispatcher in ``celery/dispatch.py``; this module hands them on, as its public names.
+Celery is imported here, in ``tasks.py`` and in ``dormant/celery/`` only.
 """
 
 from __future__ import annotations
@@ -19,23 +20,33 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from collections.abc import Callable
+from typing import Any
 
 from celery import Celery
 from celery.signals import celeryd_init, worker_init, worker_ready
 from celery.utils.imports import cwd_in_path
-from kombu.entity import Exchange, Queue
 
-from dormant.agents import Agent, AgentRegistry
+from dormant.agents import NO_AGENTS, AgentSource, load_agents
+from dormant.celery.config import (
+    PRUNE_TASK,
+    QUEUE_BACKGROUND,
+    QUEUE_INTERACTIVE,
+    QUEUE_TOOLS,
+    QUEUES,
+    SLICE_TASK,
+    SWEEP_TASK,
+    TOOL_TASK,
+    broker_priority,
+    broker_transport_options,
+    celery_config,
+    dormant_queues,
+    sweep_expires_s,
+)
+from dormant.celery.dispatch import CeleryDispatcher, client_dispatcher
 from dormant.errors import ConfigurationError
 from dormant.settings import Settings
-from dormant.stores.base import OutboxRow, Priority
-from dormant.stores.redis import RedisWakeMarks
-
-if TYPE_CHECKING:
-    from dormant.labels import TaskLabels  # imports the SQL store: not for Flower or beat
+from dormant.stores.base import Priority
 
 __all__ = [
     "PRUNE_TASK",
@@ -49,6 +60,7 @@ __all__ = [
     "AgentSource",
     "CeleryDispatcher",
     "SettingsSource",
+    "bare_app",
     "broker_priority",
     "broker_transport_options",
     "celery_config",
@@ -60,169 +72,13 @@ __all__ = [
 
 _log = logging.getLogger("dormant.worker")
 
-QUEUE_INTERACTIVE = "dormant.interactive"
-"""Slices woken by user text."""
-QUEUE_BACKGROUND = "dormant.background"
-"""Slices woken by tool results, events and timers; the sweep."""
-QUEUE_TOOLS = "dormant.tools"
-QUEUES = (QUEUE_INTERACTIVE, QUEUE_BACKGROUND, QUEUE_TOOLS)
-SLICE_TASK = "dormant.slice"
-TOOL_TASK = "dormant.tool"
-SWEEP_TASK = "dormant.sweep"
-PRUNE_TASK = "dormant.prune"
 
-REDIS_PRIORITY_STEPS = (0, 3, 6, 9)
-"""kombu's Redis priority lists; our levels 8, 4 and 0 land on three different steps."""
-BROKER_SOCKET_TIMEOUT_S = 10.0
-"""The longest a broker may leave a send (or a worker's command) unanswered. Without it a
-Redis broker that stalls without closing its connections (stopped, partitioned) blocks
-``Client.send`` for as long as it stalls: kombu's Redis transport waits for ever by default,
-and a RabbitMQ publisher confirm as well. After it the wake fails like a refused one, and
-``Client.send`` still returns: the message is stored, and the sweeper wakes the thread."""
-BROKER_CONNECT_TIMEOUT_S = 5.0
-"""The longest a Redis broker may take to accept a connection."""
-SWEEP_EXPIRES_MIN_S = 60.0
-
-
-def sweep_expires_s(settings: Settings) -> float:
-    """How late a queued sweep may still run. Sweeps are idempotent, and a backlog is when
-    stranded work most needs one: a sweep that expired after one interval was dropped
-    whenever it waited longer than that behind busy slots, so under sustained load (the
-    queue drained slower than beat filled it) every sweep expired and no stranded thread
-    was ever woken again. Only sweeps queued through a long outage are dropped."""
-    return max(SWEEP_EXPIRES_MIN_S, 10 * settings.sweep_interval_s)
-
-
-_REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel", "redis+socket", "socket"})
-_AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
-
-_NO_AGENTS = "no agents: set DORMANT_AGENTS to a module, e.g. myapp.agents"
-
-AgentSource = AgentRegistry | Iterable[Agent] | str | None
-"""Agents as a registry, a list, a module path (``"myapp.agents"``), or None for
-``Settings.agents_module``."""
-
-
-def load_agents(source: AgentSource, settings: Settings) -> AgentRegistry:
-    if isinstance(source, AgentRegistry):
-        return source
-    if source is None:
-        if not settings.agents_module:
-            raise ConfigurationError(_NO_AGENTS)
-        return AgentRegistry.from_module(settings.agents_module)
-    if isinstance(source, str):
-        return AgentRegistry.from_module(source)
-    return AgentRegistry(source)
-
-
-def _dormant_queues() -> list[Queue]:
-    # max_priority declares x-max-priority on RabbitMQ; Redis uses priority lists instead.
-    return [
-        Queue(name, Exchange(name, type="direct"), routing_key=name, max_priority=9)  # type: ignore[no-untyped-call]
-        for name in QUEUES
-    ]
-
-
-def _scheme(broker_url: str) -> str:
-    return urlsplit(broker_url.split(";")[0]).scheme  # "a;b": failover URLs share a transport
-
-
-def _is_redis(broker_url: str) -> bool:
-    return _scheme(broker_url) in _REDIS_SCHEMES
-
-
-def _is_amqp(broker_url: str) -> bool:
-    return _scheme(broker_url) in _AMQP_SCHEMES
-
-
-def broker_transport_options(settings: Settings) -> dict[str, Any]:
-    """Options for the broker's kombu transport, which differ by broker.
-
-    Redis emulates acknowledgement (a visibility timeout) and priorities (one list per
-    priority step); RabbitMQ does both itself, and publisher confirms make a send return
-    only once the broker has taken the message. A Redis-only setting that a RabbitMQ
-    broker would silently ignore is refused instead.
-    """
-    if _is_redis(settings.broker_url):
-        return _redis_transport_options(settings)
-    if settings.broker_key_prefix:
-        raise ConfigurationError(
-            "DORMANT_BROKER_KEY_PREFIX applies to a Redis broker only; to share a RabbitMQ"
-            " broker, give each deployment its own virtual host (amqp://host:5672/vhost)"
-        )
-    if _is_amqp(settings.broker_url):
-        return {"confirm_publish": True}
-    return {}
-
-
-def _redis_transport_options(settings: Settings) -> dict[str, Any]:
-    restore_s = max(1.0, min(10.0, settings.visibility_timeout_s / 10))
-    transport: dict[str, Any] = {
-        # Above the longest slice: an unacked task is handed to another worker after it.
-        "visibility_timeout": settings.visibility_timeout_s,
-        # A dead worker's tasks come back within visibility_timeout + restore_s.
-        "unacked_restore_interval": restore_s,
-        "unacked_restore_throttle": 1,
-        # BRPOP walks the lists in (priority step, queue) order: priorities span queues.
-        "queue_order_strategy": "priority",
-        "priority_steps": list(REDIS_PRIORITY_STEPS),
-        # A stalled broker fails a send instead of blocking it (kombu's default is no limit).
-        "socket_timeout": BROKER_SOCKET_TIMEOUT_S,
-        "socket_connect_timeout": BROKER_CONNECT_TIMEOUT_S,
-    }
-    if settings.broker_key_prefix:
-        transport["global_keyprefix"] = settings.broker_key_prefix
-    return transport
-
-
-def celery_config(settings: Settings) -> dict[str, Any]:
-    """The configuration baseline of DESIGN section 7, for an app dormant owns."""
-    return {
-        "broker_url": settings.broker_url,
-        **_broker_transport(settings.broker_url),
-        # A worker rides out a broker restart or outage of any length: it reconnects for
-        # ever (Celery's default gives up after 100 tries and the worker exits).
-        "broker_connection_retry_on_startup": True,
-        "broker_connection_retry": True,
-        "broker_connection_max_retries": None,
-        "broker_transport_options": broker_transport_options(settings),
-        # JSON only: a message is data, never code.
-        "task_serializer": "json",
-        "result_serializer": "json",
-        "event_serializer": "json",
-        "accept_content": ["json"],
-        # A task is acknowledged when it ends, so a worker's death hands it to another.
-        "task_acks_late": True,
-        "task_reject_on_worker_lost": True,
-        "worker_prefetch_multiplier": 1,
-        # On a lost broker connection the running tasks' messages are redelivered; a thread
-        # cannot be cancelled, but the redelivered slice is fenced by the lease and version.
-        "worker_cancel_long_running_tasks_on_connection_loss": True,
-        # Flower shows every slice, its thread_id kwarg and its outcome string (sent in the
-        # task-succeeded event); no result backend is needed for that. No task-sent events:
-        # they carry the task's real name, not its display name (dormant.slice[triage]),
-        # and Flower would rename a row back when one arrives after the worker's events.
-        # Queued tasks are counted on Flower's Broker page.
-        "worker_send_task_events": True,
-        "task_send_sent_event": False,
-        "task_ignore_result": True,
-        "result_backend": None,
-        "task_queues": _dormant_queues(),
-        "task_default_queue": QUEUE_BACKGROUND,
-        # The sweep's schedule is static and idempotent: nothing to persist (and no shelve,
-        # which pickles).
-        "beat_scheduler": "celery.beat:Scheduler",
-    }
-
-
-def _broker_transport(broker_url: str) -> dict[str, Any]:
-    """``dormant.broker``'s Redis transport for a plain ``redis://`` broker (it survives a
-    broker lost with tasks in flight; see its docstring); others keep kombu's choice."""
-    if urlsplit(broker_url.split(";")[0]).scheme == "redis":
-        from dormant.broker import TRANSPORT
-
-        return {"broker_transport": TRANSPORT}
-    return {}
+_ROUTES = {
+    SLICE_TASK: QUEUE_BACKGROUND,
+    TOOL_TASK: QUEUE_TOOLS,
+    SWEEP_TASK: QUEUE_BACKGROUND,
+    PRUNE_TASK: QUEUE_BACKGROUND,
+}
 
 
 def create_app(settings: Settings | None = None, agents: AgentSource = None) -> Celery:
@@ -232,10 +88,10 @@ def create_app(settings: Settings | None = None, agents: AgentSource = None) -> 
     settings = settings or Settings.from_env()
     with cwd_in_path():
         registry = load_agents(agents, settings)
-    return _bare_app(settings, registry)
+    return bare_app(settings, registry)
 
 
-def _bare_app(settings: Settings, agents: AgentSource) -> Celery:
+def bare_app(settings: Settings, agents: AgentSource) -> Celery:
     app = Celery("dormant")
     app.conf.update(celery_config(settings))
     install(app, agents, settings=settings)
@@ -360,107 +216,11 @@ def _add_routing(celery_app: Celery, settings: Settings) -> None:
 
 def _consume_ours(celery_app: Celery) -> None:
     queues = celery_app.amqp.queues  # built from the app's own settings, default queue included
-    for queue in _dormant_queues():
+    for queue in dormant_queues():
         if queue.name not in queues or queue.name not in queues.consume_from:
             # select_add, not add: a worker without -Q consumes the queues present when
             # the table was built (plus these); add would leave them routed but unread.
             queues.select_add(queue)
-
-
-_ROUTES = {
-    SLICE_TASK: QUEUE_BACKGROUND,
-    TOOL_TASK: QUEUE_TOOLS,
-    SWEEP_TASK: QUEUE_BACKGROUND,
-    PRUNE_TASK: QUEUE_BACKGROUND,
-}
-
-
-def broker_priority(celery_app: Celery, priority: int) -> int:
-    """dormant's priority (higher first, as in AMQP) as the broker reads it: kombu's Redis
-    transport serves the lowest number first, so there it is inverted."""
-    level = max(0, min(9, int(priority)))
-    return 9 - level if _is_redis(str(celery_app.conf.broker_url or "")) else level
-
-
-class CeleryDispatcher:
-    """``Dispatcher`` by task name: a wake sends ``dormant.slice``, a dispatch ``dormant.tool``.
-
-    With ``marks``, a wake is sent only if no slice of the thread at least as urgent is
-    already queued (see ``RedisWakeMarks``): a thread receiving 20 tool results gets one or
-    two slices, not 20, yet user text behind them still reaches the interactive queue.
-    """
-
-    def __init__(
-        self,
-        celery_app: Celery,
-        marks: RedisWakeMarks | None = None,
-        *,
-        labels: TaskLabels | None = None,
-    ) -> None:
-        self._app = celery_app
-        self._marks = marks
-        self._labels = labels
-        """Agent and tool names this process has seen: Flower's names for the tasks."""
-
-    def wake(self, thread_id: str, priority: int) -> None:
-        if self._marks is not None and not self._marks.claim(thread_id, priority):
-            return
-        queue = QUEUE_INTERACTIVE if priority >= Priority.INTERACTIVE else QUEUE_BACKGROUND
-        try:
-            shadow = self._labels.slice_name(SLICE_TASK, thread_id) if self._labels else None
-            self._send(SLICE_TASK, {"thread_id": thread_id}, queue, priority, shadow)
-        except BaseException:
-            if self._marks is not None:
-                self._marks.clear(thread_id)  # the next wake must not be suppressed
-            raise
-
-    def close_broker(self) -> None:
-        """Close the app's broker connections: for the ``ProducerApp`` of
-        ``client_dispatcher``, whose pools nothing else uses (a RabbitMQ connection left
-        open holds a process on the broker until this process exits). ``Celery.close``
-        alone only drops its reference to the pool."""
-        self._app.pool.force_close_all()
-        self._app.close()
-
-    def dispatch(self, row: OutboxRow) -> None:
-        kwargs = {
-            "thread_id": row.thread_id,
-            "call_id": row.call_id,
-            "outbox_id": row.id,
-            "action": row.action,
-        }
-        shadow = self._labels.tool_name(TOOL_TASK, row) if self._labels else None
-        self._send(TOOL_TASK, kwargs, QUEUE_TOOLS, Priority.BACKGROUND, shadow)
-
-    def _send(
-        self,
-        name: str,
-        kwargs: dict[str, Any],
-        queue: str,
-        priority: int,
-        shadow: str | None = None,
-    ) -> None:
-        self._app.send_task(
-            name,
-            kwargs=kwargs,
-            queue=queue,
-            priority=broker_priority(self._app, priority),
-            serializer="json",
-            add_to_parent=False,
-            shadow=shadow,  # Flower's and the log's name: dormant.slice[triage]
-            confirm_timeout=BROKER_SOCKET_TIMEOUT_S,  # RabbitMQ: a stalled broker's confirm
-        )
-
-
-def client_dispatcher(
-    settings: Settings, marks: RedisWakeMarks | None, labels: TaskLabels | None = None
-) -> CeleryDispatcher:
-    """A dispatcher for client processes: a producer-only app (no tasks, no agents)."""
-    from dormant.producer_app import ProducerApp
-
-    app = ProducerApp("dormant-client", set_as_current=False)
-    app.conf.update(celery_config(settings))
-    return CeleryDispatcher(app, marks, labels=labels)
 
 
 @functools.cache
@@ -468,11 +228,11 @@ def _default_app() -> Celery:
     settings = Settings.from_env()
     if settings.agents_module:
         return create_app(settings)
-    app = _bare_app(settings, None)
+    app = bare_app(settings, None)
 
     def refuse_worker(instance: Any, **_: Any) -> None:
         if instance.app is app:
-            raise SystemExit(f"error: a worker cannot start: {_NO_AGENTS}")
+            raise SystemExit(f"error: a worker cannot start: {NO_AGENTS}")
 
     celeryd_init.connect(refuse_worker, weak=False)
     return app

@@ -17,9 +17,9 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from dormant.stores.base import Store
-from dormant.stores.memory import MemoryStore
-from dormant.stores.sql import SQLStore, upgrade
-from dormant.stores.tables import metadata
+from dormant.stores.memory.store import MemoryStore
+from dormant.stores.sql.store import SQLStore, upgrade
+from dormant.stores.sql.tables import metadata
 from tests.databases import temporary_database
 from tests.fake_providers import no_external_network  # noqa: F401  (autouse: no internet)
 

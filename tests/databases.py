@@ -11,7 +11,7 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from dormant.stores.sql import upgrade
+from dormant.stores.sql.store import upgrade
 
 POSTGRES_ADMIN_URL = os.environ.get(
     "DORMANT_TEST_POSTGRES_URL", "postgresql://postgres@127.0.0.1:5432/postgres"

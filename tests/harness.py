@@ -10,11 +10,11 @@ from dormant.base_client import BaseClient
 from dormant.errors import CrashPoint
 from dormant.messages import Event, Item, ToolResult, UserText
 from dormant.models.base import Completion
+from dormant.runtime.slice import SliceDeps, SliceOutcome, run_slice
 from dormant.settings import Settings
-from dormant.slice import SliceDeps, SliceOutcome, run_slice
 from dormant.stores.base import OutboxRow, Store
-from dormant.stores.memory import MemoryStore
-from dormant.stores.memory_sync import MemoryDedup, MemoryLease
+from dormant.stores.memory.store import MemoryStore
+from dormant.stores.memory.sync import MemoryDedup, MemoryLease
 from dormant.tools.runner import execute_outbox
 
 

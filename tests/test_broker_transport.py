@@ -16,10 +16,10 @@ from kombu.transport import redis as kombu_redis
 
 from chaos.services import OwnRedis
 from dormant import worker as dormant_worker
-from dormant.broker import TRANSPORT
+from dormant.celery.broker import TRANSPORT
+from dormant.celery.worker_process import run_worker
 from dormant.settings import Settings
 from dormant.stores.base import Priority
-from dormant.worker_process import run_worker
 
 STALLED_WAKE_BOUND_S = 45.0
 """With 1 s socket timeouts a wake fails in a few seconds (Celery retries a publish 3 times)."""

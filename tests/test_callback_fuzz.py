@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dormant import Agent, LocalSystem, ToolContext, tool
-from dormant.callbacks import callback_app
+from dormant.http.callbacks import callback_app
 from dormant.messages import UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.settings import Settings

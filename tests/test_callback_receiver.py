@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from dormant import Agent, LocalSystem, ToolContext, tool
-from dormant.callbacks import callback_app
+from dormant.http.callbacks import callback_app
 from dormant.messages import EventShown, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.settings import Settings
@@ -159,7 +159,7 @@ def test_a_result_for_a_pruned_thread_is_refused_with_404_and_the_reason(
 ) -> None:
     from datetime import UTC, datetime, timedelta
 
-    from dormant.prune import prune
+    from dormant.ops.prune import prune
     from dormant.stores.base import ThreadStatus
 
     system, thread_id, base = served

@@ -7,11 +7,11 @@ import time
 import pytest
 
 from dormant.errors import InvalidToken, PayloadTooLarge, ThreadClosed, UnknownThread
+from dormant.http.tokens import callback_url, parse_callback_url, sign, verify
 from dormant.messages import ToolResult
 from dormant.models import call, reply
 from dormant.settings import Settings
 from dormant.stores.base import InboxState, ThreadStatus
-from dormant.tokens import callback_url, parse_callback_url, sign, verify
 from tests.harness import Harness, results
 from tests.test_history_rules import started
 from tests.test_waits_and_timers import scripted

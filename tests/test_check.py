@@ -10,10 +10,10 @@ from collections.abc import Sequence
 from typing import Any
 
 from dormant.agents import Agent
-from dormant.check import Problem, check_store
 from dormant.messages import AssistantTurn, Item, ToolCall, ToolResult, UserMessage, UserText
 from dormant.models.base import Completion
 from dormant.models.scripted import ScriptedModel, call, reply
+from dormant.ops.check import Problem, check_store
 from dormant.stores.base import (
     CallRecord,
     CallState,

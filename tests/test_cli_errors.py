@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dormant.stores.sql import SQLStore, upgrade
+from dormant.stores.sql.store import SQLStore, upgrade
 from tests.databases import empty_database
 
 DORMANT = Path(sys.executable).with_name("dormant")

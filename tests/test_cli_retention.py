@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from dormant.cli import app
 from dormant.stores.base import InboxState, ThreadStatus
-from dormant.stores.sql import SQLStore, upgrade
+from dormant.stores.sql.store import SQLStore, upgrade
 from tests.test_store_contract import enqueue, new_thread
 from tests.test_store_retention import consume
 

@@ -8,7 +8,7 @@ import pytest
 from dormant import Agent, ToolContext, tool
 from dormant.errors import DuplicateMessage
 from dormant.models import SimulatedModel
-from dormant.stores.memory_sync import MemoryDedup
+from dormant.stores.memory.sync import MemoryDedup
 from tests.harness import Harness
 
 

@@ -146,7 +146,7 @@ def test_check_passes_on_the_demo_database_and_fails_naming_a_stranded_message(
     tmp_path: Path,
 ) -> None:
     from dormant.messages import UserMessage
-    from dormant.stores.sql import SQLStore
+    from dormant.stores.sql.store import SQLStore
 
     db = tmp_path / "demo.db"
     run_demo(Console(file=io.StringIO()), database_path=db)

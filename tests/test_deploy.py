@@ -21,7 +21,7 @@ from kombu.transport.redis import Channel
 from typer.testing import CliRunner
 
 from dormant.cli import app
-from dormant.worker import QUEUES, REDIS_PRIORITY_STEPS
+from dormant.celery.config import QUEUES, REDIS_PRIORITY_STEPS
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"

@@ -8,7 +8,6 @@ import pytest
 
 from dormant import Agent, ToolContext, tool
 from dormant.errors import CallAnswered, DuplicateMessage, SubscriptionCancelled, UnknownCall
-from dormant.history import INTERRUPTED
 from dormant.messages import (
     EVENT_TOOL_NAME,
     AssistantTurn,
@@ -21,7 +20,8 @@ from dormant.messages import (
 )
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
-from dormant.slice import Idle, Waiting
+from dormant.runtime.history import INTERRUPTED
+from dormant.runtime.slice import Idle, Waiting
 from dormant.stores.base import CallState, InboxState, Priority, ThreadStatus
 from tests.harness import Harness, results
 

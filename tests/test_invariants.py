@@ -16,11 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from dormant import Agent, ToolContext, tool
-from dormant.check import check_store
 from dormant.errors import CrashPoint, MessageRejected, NotFound
 from dormant.messages import AssistantTurn, EventShown, Item, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
+from dormant.ops.check import check_store
 from dormant.stores.base import CallState, InboxState
 from tests.harness import Harness
 

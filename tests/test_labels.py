@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from dormant.labels import TaskLabels
+from dormant.celery.labels import TaskLabels
 from dormant.stores.base import CallRecord, CallState, OutboxRow
 
 

@@ -14,7 +14,7 @@ from dormant import Agent, LocalSystem
 from dormant.errors import CrashPoint, MessageRejected
 from dormant.models import ScriptedModel, reply
 from dormant.stores.base import NewThread
-from dormant.stores.sql import SQLStore
+from dormant.stores.sql.store import SQLStore
 
 AGENT = Agent("calc", model=ScriptedModel(lambda items: reply("ok")))
 OTHER = Agent("other", model=ScriptedModel(lambda items: reply("ok")))

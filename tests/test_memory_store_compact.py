@@ -24,9 +24,9 @@ from dormant.stores.base import (
     StoredItem,
     ThreadStatus,
 )
-from dormant.stores.memory import MemoryStore
-from dormant.stores.memory_blob import WINDOW_BYTES, ItemLog, SeenIds
-from dormant.stores.memory_thread import DONE_ROWS_KEPT
+from dormant.stores.memory.blob import WINDOW_BYTES, ItemLog, SeenIds
+from dormant.stores.memory.store import MemoryStore
+from dormant.stores.memory.thread import DONE_ROWS_KEPT
 
 
 def turn(store: MemoryStore, thread_id: str, n: int, status: ThreadStatus) -> None:

@@ -20,7 +20,6 @@ from fake_providers import (
 
 from dormant import Agent, LocalSystem, Settings, tool
 from dormant.errors import ModelFatal, ModelRetryable
-from dormant.history import INTERRUPTED
 from dormant.messages import (
     EVENT_TOOL_NAME,
     AssistantTurn,
@@ -35,6 +34,7 @@ from dormant.models import ModelRequest, ModelSettings, OpenAIModel, ToolSpec
 from dormant.models.registry import resolve_model
 from dormant.models.retry import complete_with_retry
 from dormant.models.wire import RAW_ARGUMENTS, SUMMARY_PREFIX
+from dormant.runtime.history import INTERRUPTED
 from dormant.stores.base import InboxState, ThreadStatus
 
 

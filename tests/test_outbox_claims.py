@@ -10,9 +10,9 @@ from datetime import UTC, datetime, timedelta
 import pytest
 import sqlalchemy.exc
 
+from dormant.runtime.sweeper import sweep_once
 from dormant.stores.base import OutboxRow, Store
-from dormant.stores.memory_sync import MemoryLease
-from dormant.sweeper import sweep_once
+from dormant.stores.memory.sync import MemoryLease
 from dormant.tools.claims import held_claim
 from dormant.tools.runner import hand_in
 from tests.test_store_contract import commit_from, new_thread

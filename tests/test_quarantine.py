@@ -10,13 +10,13 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from dormant import Agent, ToolContext, tool
-from dormant.check import check_store
 from dormant.errors import InboxFull, ModelFatal, ModelRetryable, UnknownMessage
 from dormant.messages import AssistantTurn, Item, Rejected, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
+from dormant.ops.check import check_store
+from dormant.runtime.slice import Failed, Idle, Waiting
 from dormant.settings import Settings
-from dormant.slice import Failed, Idle, Waiting
 from dormant.stores.base import RETRIED_MARK, InboxState, ThreadStatus
 from tests.harness import Harness
 

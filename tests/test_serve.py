@@ -24,10 +24,10 @@ import pytest
 import redis
 
 from dormant import Agent, LocalSystem, ToolContext, tool
+from dormant.http.webhooks import webhook_url
 from dormant.messages import EventShown, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.settings import Settings
-from dormant.webhooks import webhook_url
 
 pytestmark = pytest.mark.timeout(400)  # the server's start is slow when the machine is busy
 

@@ -14,10 +14,10 @@ from dormant.errors import ModelFatal, ModelRetryable
 from dormant.messages import AssistantTurn, Item, StatusChanged
 from dormant.models import reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.runtime.slice import Busy, Failed, Idle, Stale, Stalled
 from dormant.settings import Settings
-from dormant.slice import Busy, Failed, Idle, Stale, Stalled
 from dormant.stores.base import InboxState, ThreadInfo, ThreadStatus
-from dormant.stores.memory import MemoryStore
+from dormant.stores.memory.store import MemoryStore
 from tests.harness import Harness
 
 

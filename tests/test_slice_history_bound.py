@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dormant.messages import AssistantTurn, EventShown, Summary, ToolCall, ToolResult, UserText
-from dormant.quarantine import history_bytes
-from dormant.slice_failures import history_bytes_bound
+from dormant.runtime.failures import history_bytes_bound
+from dormant.runtime.quarantine import history_bytes
 from dormant.stores.base import StoredItem
 
 AWKWARD = 'quote " backslash \\ control \x01\x1f newline \n tab \t non-ascii é 😀 </script>'

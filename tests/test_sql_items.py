@@ -7,8 +7,8 @@ from pathlib import Path
 
 from dormant.messages import UserText
 from dormant.stores.base import Commit, NewThread, StoredItem, ThreadInfo, ThreadStatus
-from dormant.stores.sql import SQLStore
-from dormant.stores.sql_items import ItemCache
+from dormant.stores.sql.items import ItemCache
+from dormant.stores.sql.store import SQLStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -57,7 +57,7 @@ def test_the_least_recently_used_thread_is_dropped_first() -> None:
 def test_a_load_after_a_commit_reads_the_cached_items_and_the_new_ones(tmp_path: Path) -> None:
     store = SQLStore(f"sqlite:///{tmp_path / 'items.db'}")
     try:
-        from dormant.stores.sql import upgrade
+        from dormant.stores.sql.store import upgrade
 
         upgrade(f"sqlite:///{tmp_path / 'items.db'}")
         store.create_thread(NewThread(id="t1", agent="a", items=list(items(1))))
@@ -81,7 +81,7 @@ def test_a_load_after_a_commit_reads_the_cached_items_and_the_new_ones(tmp_path:
 
 def test_a_store_on_the_callers_connection_caches_nothing(tmp_path: Path) -> None:
     url = f"sqlite:///{tmp_path / 'caller.db'}"
-    from dormant.stores.sql import upgrade
+    from dormant.stores.sql.store import upgrade
 
     upgrade(url)
     store = SQLStore(url)

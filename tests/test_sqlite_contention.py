@@ -16,9 +16,9 @@ from dormant import Agent, LocalSystem, tool
 from dormant.messages import AssistantTurn, Item, ToolResult, UserMessage, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
-from dormant.stores import sql_engine
 from dormant.stores.base import NewThread, Priority, ThreadStatus
-from dormant.stores.sql import SQLStore, upgrade
+from dormant.stores.sql import engine as sql_engine
+from dormant.stores.sql.store import SQLStore, upgrade
 
 AGENTS = 150
 POOL_WORKERS = 16

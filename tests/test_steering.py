@@ -12,8 +12,8 @@ from dormant.agents import Steering
 from dormant.errors import ThreadBusy
 from dormant.messages import AssistantTurn, UserText
 from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.runtime.slice import Idle, Steered
 from dormant.settings import Settings
-from dormant.slice import Idle, Steered
 from dormant.stores.base import InboxState
 from tests.harness import Harness
 

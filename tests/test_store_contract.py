@@ -52,8 +52,8 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
-from dormant.stores.sql import VERSION_TABLE, SQLStore, make_engine, upgrade
-from dormant.stores.tables import metadata
+from dormant.stores.sql.store import VERSION_TABLE, SQLStore, make_engine, upgrade
+from dormant.stores.sql.tables import metadata
 
 StoreOpener = Callable[[], Store]
 PAST = datetime(2020, 1, 1, tzinfo=UTC)

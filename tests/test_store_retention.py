@@ -9,7 +9,7 @@ import pytest
 
 from dormant.errors import DuplicateMessage, InboxFull, UnknownThread
 from dormant.messages import UserMessage, UserText
-from dormant.prune import parse_age, prune
+from dormant.ops.prune import parse_age, prune
 from dormant.stores.base import (
     RETRIED_MARK,
     InboxState,
@@ -151,7 +151,7 @@ def _upgrade_from_0001(url: str) -> None:
     from alembic import command
     from sqlalchemy.engine import make_url
 
-    from dormant.stores.sql import SQLStore, _alembic_config, upgrade
+    from dormant.stores.sql.store import SQLStore, _alembic_config, upgrade
 
     command.upgrade(_alembic_config(make_url(url), ""), "0001")
     old = SQLStore(url)

@@ -39,8 +39,8 @@ from dormant.stores.base import (
     StoredItem,
     ThreadStatus,
 )
-from dormant.stores.memory import MemoryStore
-from dormant.stores.sql import SQLStore, upgrade
+from dormant.stores.memory.store import MemoryStore
+from dormant.stores.sql.store import SQLStore, upgrade
 from tests.conftest import _truncate_postgres
 
 THREADS = ["t1", "t2", "t3"]

@@ -22,8 +22,8 @@ from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.settings import Settings
 from dormant.stores.base import NewThread
-from dormant.stores.sql import VERSION_TABLE, SQLStore, make_engine, upgrade
-from dormant.stores.tables import schema
+from dormant.stores.sql.store import VERSION_TABLE, SQLStore, make_engine, upgrade
+from dormant.stores.sql.tables import schema
 from tests.databases import empty_database
 
 runner = CliRunner()

@@ -7,11 +7,11 @@ from collections.abc import Sequence
 import pytest
 
 from dormant import Agent, ToolContext, tool
-from dormant.check import check_store
 from dormant.errors import ThreadClosed
 from dormant.messages import AssistantTurn, EventShown, Item, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
+from dormant.ops.check import check_store
 from dormant.stores.base import CallState, InboxState, ThreadStatus
 from tests.harness import Harness, results
 

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 from dormant import Agent
-from dormant.history import INTERRUPTED
 from dormant.messages import EventShown, Item, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
-from dormant.slice import Idle, Waiting
+from dormant.runtime.history import INTERRUPTED
+from dormant.runtime.slice import Idle, Waiting
 from dormant.stores.base import CallState
 from tests.harness import Harness, results
 from tests.test_history_rules import TOOLS

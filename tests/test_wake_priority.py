@@ -11,9 +11,9 @@ from dormant import Agent, LocalSystem, ToolContext, tool
 from dormant.messages import Item, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
-from dormant.slice import Waiting
+from dormant.runtime.slice import Waiting
+from dormant.runtime.sweeper import sweep_once
 from dormant.stores.base import Priority, ThreadStatus
-from dormant.sweeper import sweep_once
 from tests.harness import Harness
 
 callbacks: dict[str, str] = {}

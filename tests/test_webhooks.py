@@ -12,16 +12,16 @@ import pytest
 
 from dormant import Agent, LocalSystem, ToolContext, tool
 from dormant.errors import ConfigurationError
-from dormant.messages import EventShown, UserText
-from dormant.models import ScriptedModel, call, reply
-from dormant.settings import Settings
-from dormant.webhooks import (
+from dormant.http.webhooks import (
     WebhookReceiver,
     WebhookSource,
     flask_blueprint,
     github_source,
     webhook_url,
 )
+from dormant.messages import EventShown, UserText
+from dormant.models import ScriptedModel, call, reply
+from dormant.settings import Settings
 
 SECRET = "gh-secret"
 urls: dict[str, str] = {}

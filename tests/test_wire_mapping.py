@@ -8,7 +8,6 @@ from typing import Any
 
 from fake_providers import no_external_network  # noqa: F401  (autouse guard)
 
-from dormant.history import INTERRUPTED
 from dormant.messages import (
     EVENT_TOOL_NAME,
     AssistantTurn,
@@ -31,6 +30,7 @@ from dormant.models.wire import (
     flatten,
     parse_arguments,
 )
+from dormant.runtime.history import INTERRUPTED
 from dormant.tools.base import tool
 
 WEATHER = ToolSpec(

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
     from celery import Celery
     from flask_sqlalchemy import SQLAlchemy
 
+    from dormant.agents import AgentSource
     from dormant.client import Client
-    from dormant.worker import AgentSource
 
 __all__ = ["Dormant", "settings_from_config"]
 

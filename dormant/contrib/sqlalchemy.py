@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, scoped_session
 
 from dormant.errors import ConfigurationError
 from dormant.stores.base import Store
-from dormant.stores.sql import SQLStore
+from dormant.stores.sql.store import SQLStore
 
 __all__ = ["bind", "session_on_commit"]
 

@@ -59,7 +59,7 @@ WORKER_START_S = 60.0
 TEST_TIMEOUT_S = 300.0
 """A Celery test's hang guard (pytest-timeout) on an idle machine, scaled like deadlines."""
 _CLI = (
-    "import typer; from dormant.cli_celery import beat, worker; app = typer.Typer(); "
+    "import typer; from dormant.cli.workers import beat, worker; app = typer.Typer(); "
     "app.command()(worker); app.command()(beat); app()"
 )
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session
 from dormant.client import Client
 from dormant.errors import UnknownThread
 from dormant.messages import AssistantTurn
-from dormant.stores.sql import make_engine
+from dormant.stores.sql.store import make_engine
 
 
 @pytest.fixture

@@ -24,10 +24,10 @@ from conftest import WORKER_START_S, Deployment, scaled, wait_until
 from sqlalchemy import Engine, text
 
 from dormant.client import Client
-from dormant.history import INTERRUPTED, WOKEN_BY_EVENT
 from dormant.messages import AssistantTurn, EventShown, ToolResult, UserText
+from dormant.runtime.history import INTERRUPTED, WOKEN_BY_EVENT
 from dormant.stores.base import InboxState, ThreadStatus
-from dormant.stores.sql import make_engine
+from dormant.stores.sql.store import make_engine
 
 THREADS = 12
 MESSAGES = 6

@@ -16,7 +16,7 @@ import dormant.worker as worker
 from dormant.errors import ConfigurationError
 from dormant.settings import Settings
 from dormant.stores.base import OutboxRow, Priority, ThreadStatus
-from dormant.stores.sql import SQLStore, upgrade
+from dormant.stores.sql.store import SQLStore, upgrade
 from dormant.worker import (
     QUEUES,
     CeleryDispatcher,

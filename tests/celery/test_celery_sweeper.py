@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from dormant.messages import ToolResultMessage, UserMessage
+from dormant.runtime.sweeper import sweep_once
 from dormant.stores.base import (
     CallRecord,
     CallState,
@@ -15,9 +16,8 @@ from dormant.stores.base import (
     Priority,
     ThreadStatus,
 )
-from dormant.stores.memory import MemoryStore
-from dormant.stores.memory_sync import MemoryLease
-from dormant.sweeper import sweep_once
+from dormant.stores.memory.store import MemoryStore
+from dormant.stores.memory.sync import MemoryLease
 
 
 class _Dispatcher:

@@ -17,7 +17,7 @@ from dormant import Agent, ToolContext, tool
 from dormant.messages import Item, ToolResult
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
-from dormant.slice import Waiting
+from dormant.runtime.slice import Waiting
 from dormant.worker import QUEUE_BACKGROUND, QUEUE_INTERACTIVE
 from tests.harness import Harness
 

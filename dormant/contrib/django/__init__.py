@@ -28,8 +28,8 @@ from dormant.settings import Settings
 if TYPE_CHECKING:
     from celery import Celery
 
+    from dormant.agents import AgentSource
     from dormant.client import Client
-    from dormant.worker import AgentSource
 
 __all__ = ["database_url", "dormant_client", "install", "settings"]
 

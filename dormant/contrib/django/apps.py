@@ -28,7 +28,7 @@ class DormantConfig(AppConfig):  # type: ignore[misc]
 
 def _upgrade(using: str = "default", verbosity: int = 1, **_: Any) -> None:
     from dormant.contrib.django import settings
-    from dormant.stores.sql import upgrade
+    from dormant.stores.sql.store import upgrade
 
     if using != "default":
         return

@@ -13,8 +13,8 @@ from typing import Any
 from alembic import context
 from sqlalchemy import Connection, text
 
-from dormant.stores.sql import VERSION_TABLE, make_engine
-from dormant.stores.tables import schema
+from dormant.stores.sql.store import VERSION_TABLE, make_engine
+from dormant.stores.sql.tables import schema
 
 # Any constant works, as long as it is the same in every process that migrates.
 _MIGRATION_LOCK_KEY = 0x646F726D616E74  # "dormant"

@@ -5,7 +5,7 @@ from celery import Celery, Task
 from flask import Flask
 
 from dormant.contrib.flask import Dormant
-from dormant.stores.sql import upgrade
+from dormant.stores.sql.store import upgrade
 from shop.models import db
 
 dormant = Dormant()

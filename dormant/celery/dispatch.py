@@ -1,0 +1,111 @@
+"""``CeleryDispatcher``: how a wake and a tool dispatch become Celery tasks, sent by name.
+
+A client sends through ``client_dispatcher``'s producer-only app, a worker through its own
+app: either way only task names cross, so a client never imports the tasks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from dormant.celery.config import (
+    BROKER_SOCKET_TIMEOUT_S,
+    QUEUE_BACKGROUND,
+    QUEUE_INTERACTIVE,
+    QUEUE_TOOLS,
+    SLICE_TASK,
+    TOOL_TASK,
+    broker_priority,
+    celery_config,
+)
+from dormant.stores.base import OutboxRow, Priority
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+    from dormant.celery.labels import TaskLabels  # imports the SQL store: not for Flower or beat
+    from dormant.settings import Settings
+    from dormant.stores.redis import RedisWakeMarks
+
+__all__ = ["CeleryDispatcher", "client_dispatcher"]
+
+
+class CeleryDispatcher:
+    """``Dispatcher`` by task name: a wake sends ``dormant.slice``, a dispatch ``dormant.tool``.
+
+    With ``marks``, a wake is sent only if no slice of the thread at least as urgent is
+    already queued (see ``RedisWakeMarks``): a thread receiving 20 tool results gets one or
+    two slices, not 20, yet user text behind them still reaches the interactive queue.
+    """
+
+    def __init__(
+        self,
+        celery_app: Celery,
+        marks: RedisWakeMarks | None = None,
+        *,
+        labels: TaskLabels | None = None,
+    ) -> None:
+        self._app = celery_app
+        self._marks = marks
+        self._labels = labels
+        """Agent and tool names this process has seen: Flower's names for the tasks."""
+
+    def wake(self, thread_id: str, priority: int) -> None:
+        if self._marks is not None and not self._marks.claim(thread_id, priority):
+            return
+        queue = QUEUE_INTERACTIVE if priority >= Priority.INTERACTIVE else QUEUE_BACKGROUND
+        try:
+            shadow = self._labels.slice_name(SLICE_TASK, thread_id) if self._labels else None
+            self._send(SLICE_TASK, {"thread_id": thread_id}, queue, priority, shadow)
+        except BaseException:
+            if self._marks is not None:
+                self._marks.clear(thread_id)  # the next wake must not be suppressed
+            raise
+
+    def close_broker(self) -> None:
+        """Close the app's broker connections: for the ``ProducerApp`` of
+        ``client_dispatcher``, whose pools nothing else uses (a RabbitMQ connection left
+        open holds a process on the broker until this process exits). ``Celery.close``
+        alone only drops its reference to the pool."""
+        self._app.pool.force_close_all()
+        self._app.close()
+
+    def dispatch(self, row: OutboxRow) -> None:
+        kwargs = {
+            "thread_id": row.thread_id,
+            "call_id": row.call_id,
+            "outbox_id": row.id,
+            "action": row.action,
+        }
+        shadow = self._labels.tool_name(TOOL_TASK, row) if self._labels else None
+        self._send(TOOL_TASK, kwargs, QUEUE_TOOLS, Priority.BACKGROUND, shadow)
+
+    def _send(
+        self,
+        name: str,
+        kwargs: dict[str, Any],
+        queue: str,
+        priority: int,
+        shadow: str | None = None,
+    ) -> None:
+        self._app.send_task(
+            name,
+            kwargs=kwargs,
+            queue=queue,
+            priority=broker_priority(self._app, priority),
+            serializer="json",
+            add_to_parent=False,
+            shadow=shadow,  # Flower's and the log's name: dormant.slice[triage]
+            confirm_timeout=BROKER_SOCKET_TIMEOUT_S,  # RabbitMQ: a stalled broker's confirm
+        )
+
+
+def client_dispatcher(
+    settings: Settings, marks: RedisWakeMarks | None, labels: TaskLabels | None = None
+) -> CeleryDispatcher:
+    """A dispatcher for client processes: a producer-only app (no tasks, no agents)."""
+    from dormant.celery.producer_app import ProducerApp
+
+    app = ProducerApp("dormant-client", set_as_current=False)
+    app.conf.update(celery_config(settings))
+    return CeleryDispatcher(app, marks, labels=labels)

@@ -1,0 +1,5 @@
+"""``python -m dormant.cli``: the command line."""
+
+from dormant.cli.app import app
+
+app()

@@ -1,0 +1,243 @@
+"""The ``dormant`` command.
+
+Each command imports what it needs when it runs, so ``dormant --help`` loads no database,
+Celery or model code. Every command is wrapped in ``reported`` (``errors.py``): a
+failure is one line on stderr and a documented exit code.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import closing
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from dormant.cli.connect import checked_database_url, env_settings, open_client, open_store, redact
+from dormant.cli.errors import DEBUG_FLAG, reported, say
+from dormant.cli.retention import prune, quarantine, retry
+from dormant.cli.serve import serve
+from dormant.cli.workers import beat, worker
+
+if TYPE_CHECKING:
+    from dormant.stores.base import ThreadStatus
+
+__all__ = ["app"]
+
+app = typer.Typer(
+    help="dormant: a durable runtime for LLM agents on Celery.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_show_locals=False,  # --debug tracebacks must not print passwords
+)
+db = typer.Typer(help="Database schema commands.", no_args_is_help=True)
+app.add_typer(db, name="db")
+
+DatabaseOption = typer.Option(None, "--database-url", help="Defaults to DORMANT_DATABASE_URL.")
+JsonOption = typer.Option(False, "--json", help="Print JSON on stdout instead of text.")
+
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"dormant {version('dormant')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    debug: bool = typer.Option(
+        False, "--debug", help="Show tracebacks (also DORMANT_DEBUG=1).", show_default=False
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """dormant: a durable runtime for LLM agents on Celery."""
+    del version  # handled by its eager callback
+    DEBUG_FLAG.set(debug)
+
+
+@app.command()
+@reported
+def demo() -> None:
+    """Run the embedded demo: an agent that sleeps between tool calls (no servers)."""
+    from rich.console import Console
+
+    from dormant.demo import run_demo
+
+    run_demo(Console())
+
+
+@db.command("upgrade")
+@reported
+def db_upgrade(database_url: str | None = DatabaseOption) -> None:
+    """Create or migrate the schema to the newest version (creates a SQLite file)."""
+    from dormant.stores.sql.store import upgrade
+
+    settings = env_settings()
+    url = checked_database_url(database_url or settings.database_url)
+    upgrade(url, table_prefix=settings.table_prefix)
+    prefix = f" (tables prefixed {settings.table_prefix!r})" if settings.table_prefix else ""
+    typer.echo(f"schema of {redact(url)} is up to date{prefix}")
+
+
+@app.command()
+@reported
+def threads(
+    status: str | None = typer.Option(None, help="Only threads with this status."),
+    limit: int = typer.Option(50, min=1, help="How many root threads to list."),
+    database_url: str | None = DatabaseOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Threads as a tree: status, pending calls, subscriptions, inbox depth, quarantine."""
+    from dormant.ops.inspect import thread_records, thread_tree
+    from dormant.stores.base import ThreadStatus
+
+    wanted = _status(status, ThreadStatus) if status else None
+    with closing(open_store(database_url)) as store:
+        listed = store.threads(wanted, limit)
+        if as_json:
+            _print_json(thread_records(store, listed))
+        elif not listed:
+            typer.echo("no threads")
+        else:
+            _rich(thread_tree(store, listed))
+
+
+@app.command()
+@reported
+def show(
+    thread_id: str,
+    database_url: str | None = DatabaseOption,
+    as_json: bool = JsonOption,
+    full: bool = typer.Option(
+        False, "--full", help="Every stored item, including those a summary replaced."
+    ),
+) -> None:
+    """A thread's timeline: what its model sees, inherited items dimmed."""
+    from dormant.ops.inspect import timeline, timeline_record
+
+    with closing(open_store(database_url)) as store:
+        if as_json:
+            _print_json(timeline_record(store, thread_id, full=full))
+        else:
+            _rich(timeline(store, thread_id, full=full))
+
+
+@app.command()
+@reported
+def check(
+    grace_s: float = typer.Option(
+        60.0, "--grace-s", min=0, help="Work younger than this is in flight, not stuck."
+    ),
+    database_url: str | None = DatabaseOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Check the runtime's promises over every stored thread; exit 1 if any is broken."""
+    from dormant.ops.check import check_store
+
+    with closing(open_store(database_url)) as store:
+        problems = check_store(store, grace_s=grace_s)
+    if as_json:
+        _print_json(
+            [{"thread_id": p.thread_id, "rule": p.rule, "detail": p.detail} for p in problems]
+        )
+    else:
+        for problem in problems:
+            typer.echo(str(problem))
+        typer.echo(f"{len(problems)} problem(s) found" if problems else "no problems found")
+    if problems:
+        raise typer.Exit(1)
+
+
+@app.command()
+@reported
+def launch(
+    agent: str,
+    text: str,
+    thread_id: str | None = typer.Option(
+        None, "--thread-id", help="Choose the thread id: running the command again is harmless."
+    ),
+    message_id: str | None = typer.Option(None, "--message-id", help="Idempotency key."),
+    agents: str | None = typer.Option(
+        None,
+        "--agents",
+        help="Module defining the agents (default DORMANT_AGENTS): refuses unknown names.",
+    ),
+) -> None:
+    """Start a thread of AGENT with user TEXT; prints its id (needs the DORMANT_* URLs)."""
+    with open_client(agents) as client:
+        launched = client.launch(agent, text, thread_id=thread_id, message_id=message_id)
+        typer.echo(launched)
+
+
+@app.command()
+@reported
+def send(
+    thread_id: str,
+    text: str,
+    message_id: str | None = typer.Option(None, "--message-id", help="Idempotency key."),
+) -> None:
+    """Queue user TEXT for a thread; prints the message id."""
+    with open_client() as client:
+        typer.echo(client.send(thread_id, text, message_id=message_id))
+
+
+@app.command()
+@reported
+def deliver(
+    thread_id: str,
+    call_id: str,
+    result: str,
+    message_id: str | None = typer.Option(None, "--message-id", help="Idempotency key."),
+    error: bool = typer.Option(False, "--error", help="The result is an error."),
+) -> None:
+    """Deliver RESULT for a call, as a trusted operator (no callback token)."""
+    with open_client() as client:
+        typer.echo(
+            client.deliver(thread_id, call_id, result, message_id=message_id, is_error=error)
+        )
+
+
+@app.command()
+@reported
+def callbacks(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8765, help="Port to listen on."),
+) -> None:
+    """Serve callback URLs (development server; mount dormant.callbacks in production)."""
+    from wsgiref.simple_server import make_server
+
+    from dormant.http.callbacks import callback_app
+
+    with open_client() as client, make_server(host, port, callback_app(client)) as server:
+        say(f"receiving callbacks on http://{host}:{server.server_port}/")
+        server.serve_forever()
+
+
+def _status(value: str, kind: type[ThreadStatus]) -> ThreadStatus:
+    try:
+        return kind(value)
+    except ValueError:
+        choices = ", ".join(s.value for s in kind)
+        raise typer.BadParameter(f"{value!r} is not a status; choose from {choices}") from None
+
+
+def _print_json(value: Any) -> None:
+    typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def _rich(renderable: Any) -> None:
+    from rich.console import Console
+
+    Console().print(renderable)
+
+
+app.command()(reported(retry))
+app.command()(reported(quarantine))
+app.command()(reported(prune))
+app.command()(reported(worker))
+app.command()(reported(beat))
+app.command()(reported(serve))

@@ -1,0 +1,97 @@
+"""How a command reaches the deployment: its settings, the store it reads, a client.
+
+Each imports the database or Celery code only when called, so ``dormant --help`` pays for
+none of it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dormant.client import Client
+    from dormant.settings import Settings
+    from dormant.stores.sql.store import SQLStore
+
+__all__ = [
+    "check_database",
+    "checked_database_url",
+    "env_settings",
+    "open_client",
+    "open_store",
+    "redact",
+]
+
+
+def env_settings() -> Settings:
+    from dormant.settings import Settings
+
+    return Settings.from_env()
+
+
+def open_client(agents_module: str | None = None) -> Client:
+    """A client for the ``DORMANT_*`` URLs; with agents (``--agents`` or ``DORMANT_AGENTS``)
+    given to ``launch``, unknown agent names are refused before anything is stored."""
+    from dormant.cli.client import connect_client
+
+    current = env_settings()
+    checked_database_url(current.database_url)
+    return connect_client(current, agents_module, check_database=check_database)
+
+
+def open_store(url: str | None) -> SQLStore:
+    """The store to read; never creates a database (a missing SQLite file is an error)."""
+    from dormant.stores.sql.store import SQLStore
+
+    current = env_settings()
+    url = checked_database_url(url or current.database_url)
+    check_database(url)
+    return SQLStore(url, table_prefix=current.table_prefix)
+
+
+def checked_database_url(url: str) -> str:
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    from dormant.errors import ConfigurationError
+
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigurationError(
+            f"{url!r} is not a database URL: use sqlite:///path/to/file.db or "
+            "postgresql://user@host/dbname"
+        ) from None
+    if parsed.get_backend_name() not in ("sqlite", "postgresql", "postgres"):
+        raise ConfigurationError(
+            f"unsupported database {redact(url)!r}: use sqlite:// or postgresql://"
+        )
+    return url
+
+
+def check_database(url: str) -> None:
+    """Refuse a SQLite file that does not exist: opening it would create an empty one."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    from dormant.errors import SchemaMissing
+
+    parsed = make_url(url)
+    path = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
+        return
+    if parsed.query.get("uri") or path.startswith("file:"):
+        return  # SQLite URI filenames (mode=ro...) say themselves what may be created
+    if not Path(path).is_file():
+        raise SchemaMissing(f"there is no SQLite database at {path!r}")
+
+
+def redact(url: str) -> str:
+    """The URL without its password, for printing."""
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    scheme, _, credentials = head.partition("://")
+    user, colon, _ = credentials.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{tail}"

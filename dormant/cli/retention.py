@@ -1,0 +1,128 @@
+"""``dormant quarantine``, ``dormant retry`` and ``dormant prune``: the operator's commands
+for poison messages, stalled threads and retention.
+
+Like the rest of the command, each imports the store only when it runs.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import typer
+
+from dormant.cli.errors import say
+
+if TYPE_CHECKING:
+    from dormant.stores.base import PruneCounts
+
+__all__ = ["prune", "quarantine", "retry"]
+
+DatabaseOption = typer.Option(None, "--database-url", help="Defaults to DORMANT_DATABASE_URL.")
+
+
+def quarantine(
+    limit: int = typer.Option(100, min=1, help="How many messages to list."),
+    database_url: str | None = DatabaseOption,
+) -> None:
+    """Quarantined (poison) messages of every thread, with why; `retry` puts them back."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from dormant.cli.connect import open_store
+
+    with closing(open_store(database_url)) as store:
+        rows = store.quarantined(limit)
+    if not rows:
+        typer.echo("no quarantined messages")
+        return
+    table = Table("thread", "message", "kind", "since", "reason")
+    for row in rows:
+        table.add_row(
+            row.thread_id,
+            row.message_id,
+            row.message.kind,
+            f"{row.created_at:%Y-%m-%d %H:%M:%S}",
+            row.reason,
+        )
+    Console().print(table)
+
+
+def retry(
+    thread_id: str,
+    message_id: str | None = typer.Argument(
+        None, help="Only this quarantined message (default: all of the thread's)."
+    ),
+    database_url: str | None = DatabaseOption,
+) -> None:
+    """Re-drive a thread: un-stall it and requeue its quarantined messages.
+
+    The next sweep applies them, after any input the thread processed meanwhile.
+    """
+    from dormant.cli.connect import open_store
+    from dormant.errors import UnknownMessage
+    from dormant.runtime.history import pending
+    from dormant.stores.base import ThreadStatus
+
+    with closing(open_store(database_url)) as store:
+        released = store.release_quarantined(thread_id, message_id)
+        if message_id is not None and not released:
+            raise UnknownMessage(thread_id, message_id)
+        snap = store.load(thread_id)
+        status = snap.thread.status
+        if status is ThreadStatus.STALLED:
+            status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
+            store.set_status(thread_id, status)
+        elif not released:
+            say(
+                f"error: thread {thread_id!r} is {status.value}, not stalled, and has no "
+                "quarantined messages"
+            )
+            raise typer.Exit(1)
+    for row in released:
+        typer.echo(f"message {row.message_id} is queued again")
+    typer.echo(f"thread {thread_id} is {status.value}; the sweeper re-drives it")
+
+
+def prune(
+    older_than: str = typer.Option(
+        ..., "--older-than", help="Age of what is deleted: 30d, 12h, 2w (s, m, h, d, w)."
+    ),
+    batch: int = typer.Option(500, "--batch", min=1, help="Rows or thread trees per transaction."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
+    database_url: str | None = DatabaseOption,
+) -> None:
+    """Delete closed threads and finished rows older than --older-than, in small batches.
+
+    Closed thread trees go with their items, calls, inbox, outbox and timers; finished
+    inbox rows, ran outbox rows and fired timers of live threads go too. A message for a
+    pruned thread is refused as an unknown thread.
+    """
+    from rich.console import Console
+
+    from dormant.cli.connect import open_store
+    from dormant.ops.prune import parse_age
+    from dormant.ops.prune import prune as run_prune
+    from dormant.stores.base import PruneCounts
+
+    cutoff = datetime.now(UTC) - parse_age(older_than)
+    console = Console(stderr=True)
+    done = PruneCounts()
+
+    def progress(counts: PruneCounts) -> None:
+        nonlocal done
+        done += counts
+        console.print(f"[dim]batch: {_describe(counts)}; so far {done.total} rows[/dim]")
+
+    with closing(open_store(database_url)) as store:
+        total = run_prune(store, cutoff, batch=batch, dry_run=dry_run, on_batch=progress)
+    verb = "would delete" if dry_run else "deleted"
+    typer.echo(f"{verb} {_describe(total)} (older than {cutoff:%Y-%m-%d %H:%M:%S} UTC)")
+
+
+def _describe(counts: PruneCounts) -> str:
+    return (
+        f"{counts.threads} threads, {counts.inbox} inbox rows, {counts.outbox} outbox rows, "
+        f"{counts.timers} timers"
+    )

@@ -1,0 +1,36 @@
+"""``dormant serve``: callbacks, webhooks and health probes over uvicorn (``dormant[serve]``)."""
+
+from __future__ import annotations
+
+import typer
+
+__all__ = ["serve"]
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    port: int = typer.Option(8000, help="Port to listen on."),
+) -> None:
+    """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS) and /healthz, /readyz."""
+    from dormant.client import Client
+    from dormant.errors import DormantError
+    from dormant.http.serve import asgi_app
+    from dormant.http.webhooks import WebhookReceiver, github_source
+    from dormant.settings import Settings
+
+    try:
+        import uvicorn
+    except ImportError:  # pragma: no cover - depends on the installed extras
+        typer.echo("error: dormant serve needs uvicorn: pip install 'dormant[serve]'", err=True)
+        raise typer.Exit(1) from None
+    try:
+        settings = Settings.from_env().require_secret()
+        sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
+        client = Client.from_settings(settings)
+    except DormantError as error:
+        typer.echo(f"error: {error}", err=True)
+        raise typer.Exit(1) from None
+    with client:
+        app = asgi_app(client, WebhookReceiver(client, sources))
+        # No access log: webhook and callback URLs carry tokens, which must not land in logs.
+        uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on", access_log=False)

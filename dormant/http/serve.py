@@ -1,0 +1,160 @@
+"""The ASGI app of ``dormant serve``: callbacks, webhooks and health probes in one process.
+
+Routes: ``POST /dormant/callbacks/{thread_id}/{call_id}?token=`` (the WSGI callback receiver
+in ``dormant.callbacks``, run unchanged on a worker thread), ``POST
+/dormant/webhooks/{source}/{thread_id}/{call_id}?token=`` (``dormant.webhooks``), ``GET
+/healthz`` (the process answers) and ``GET /readyz`` (the database answers). Store calls
+block, so every request is handled on a worker thread; the event loop only moves bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import quote, unquote
+
+from dormant.base_client import BaseClient
+from dormant.http.callbacks import callback_app
+from dormant.http.webhooks import WebhookReceiver, WebhookReply
+
+__all__ = ["CALLBACKS_PREFIX", "WEBHOOKS_PREFIX", "asgi_app"]
+
+CALLBACKS_PREFIX = "/dormant/callbacks/"
+WEBHOOKS_PREFIX = "/dormant/webhooks/"
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def asgi_app(client: BaseClient, receiver: WebhookReceiver) -> ASGIApp:
+    """One ASGI app over ``client`` (the callbacks) and ``receiver`` (the webhooks)."""
+    callbacks = callback_app(client)
+    limit_bytes = client.settings.max_message_bytes
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await _lifespan(receive, send)
+            return
+        if scope["type"] != "http":
+            return
+        path: str = scope["path"]
+        raw_path = _encoded_path(scope)
+        method: str = scope["method"]
+        if path == "/healthz" and method == "GET":
+            await _send(send, WebhookReply(200, {"status": "ok"}))
+            return
+        if path == "/readyz" and method == "GET":
+            await _send(send, await asyncio.to_thread(_ready, client))
+            return
+        if not path.startswith((CALLBACKS_PREFIX, WEBHOOKS_PREFIX)):
+            await _send(send, WebhookReply(404, {"error": f"no route for {path}"}))
+            return
+        if method != "POST":
+            await _send(send, WebhookReply(405, {"error": "POST only"}))
+            return
+        try:
+            body = await _body(receive, limit_bytes)
+        except _TooLarge:
+            reply = WebhookReply(413, {"error": f"body is over the limit of {limit_bytes} bytes"})
+            await _send(send, reply)
+            return
+        query = scope.get("query_string", b"").decode("latin-1")
+        headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
+        if path.startswith(WEBHOOKS_PREFIX):
+            rest = raw_path[len(WEBHOOKS_PREFIX) :]
+            reply = await asyncio.to_thread(receiver.receive, rest, query, headers, body)
+        else:
+            reply = await asyncio.to_thread(_wsgi, callbacks, raw_path, query, headers, body)
+        await _send(send, reply)
+
+    return app
+
+
+def _encoded_path(scope: Scope) -> str:
+    """The path as sent, percent-encoded: ids in it may hold an encoded ``/`` or ``%``.
+
+    ``scope["path"]`` is decoded; splitting or decoding it again would mangle such ids.
+    """
+    path: str = scope["path"]
+    raw: bytes | None = scope.get("raw_path")
+    encoded = raw.decode("latin-1").split("?", 1)[0] if raw else ""
+    if not encoded.startswith((CALLBACKS_PREFIX, WEBHOOKS_PREFIX)):
+        encoded = quote(path, safe="/")  # no raw path, or its prefix was itself encoded
+    return encoded
+
+
+def _ready(client: BaseClient) -> WebhookReply:
+    try:
+        client.store.threads(None, 1)
+    except Exception as error:  # any database failure means "not ready", with its reason
+        return WebhookReply(503, {"status": "unavailable", "error": str(error)})
+    return WebhookReply(200, {"status": "ready"})
+
+
+def _wsgi(
+    app: Callable[..., Any], path: str, query: str, headers: dict[str, str], body: bytes
+) -> WebhookReply:
+    """Run the WSGI callback receiver for one buffered request."""
+    environ: dict[str, Any] = {
+        "REQUEST_METHOD": "POST",
+        "PATH_INFO": unquote(path, encoding="latin-1"),
+        "RAW_URI": path,
+        "QUERY_STRING": query,
+        "CONTENT_LENGTH": str(len(body)),
+        "CONTENT_TYPE": headers.get("content-type", ""),
+        "wsgi.input": io.BytesIO(body),
+    }
+    for name, value in headers.items():
+        key = "HTTP_" + name.upper().replace("-", "_")
+        if key not in ("HTTP_CONTENT_TYPE", "HTTP_CONTENT_LENGTH"):
+            environ[key] = value
+    started: list[str] = []
+
+    def start_response(status: str, _headers: list[tuple[str, str]]) -> None:
+        started.append(status)
+
+    data = b"".join(app(environ, start_response))
+    return WebhookReply(int(started[0].split()[0]), json.loads(data))
+
+
+async def _body(receive: Receive, limit_bytes: int) -> bytes:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+        chunk: bytes = message.get("body", b"")
+        size += len(chunk)
+        if size > limit_bytes:
+            raise _TooLarge
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    return b"".join(chunks)
+
+
+async def _send(send: Send, reply: WebhookReply) -> None:
+    data = json.dumps(reply.body).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,2 @@
+"""The operator's tools: the invariant checker, retention, and what ``dormant threads`` and
+``dormant show`` print."""

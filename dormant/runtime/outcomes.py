@@ -1,0 +1,102 @@
+"""What a slice ends in: a small closed set of outcomes the caller ``match``es on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from dormant.runtime.history import pending
+from dormant.stores.base import CallRecord, ThreadStatus
+
+__all__ = [
+    "Busy",
+    "Closed",
+    "Failed",
+    "Idle",
+    "Missing",
+    "SliceOutcome",
+    "Stale",
+    "Stalled",
+    "Steered",
+    "Waiting",
+    "settled",
+]
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another slice holds the lease; it drains the inbox."""
+
+    thread_id: str
+
+
+@dataclass(frozen=True)
+class Missing:
+    thread_id: str
+
+
+@dataclass(frozen=True)
+class Idle:
+    thread_id: str
+
+
+@dataclass(frozen=True)
+class Waiting:
+    thread_id: str
+    call_ids: tuple[str, ...]
+    tools: tuple[str, ...] = ()
+    """The tool name of each pending call, in ``call_ids`` order."""
+
+
+@dataclass(frozen=True)
+class Closed:
+    thread_id: str
+
+
+@dataclass(frozen=True)
+class Stale:
+    """The version moved under us: another holder owns the thread; nothing was written."""
+
+    thread_id: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The slice raised (the model, the agent's code, a bug); nothing was committed and the
+    messages stay queued until ``retry_at`` (the sweeper will not wake the thread before).
+    ``error`` is the last line of the traceback, as stored in the thread's ``last_error``."""
+
+    thread_id: str
+    error: str
+    stalled: bool
+    retry_at: datetime | None = None
+    quarantined: str | None = None
+    """The id of the message set aside (poison): the thread goes on with its other input."""
+
+
+@dataclass(frozen=True)
+class Steered:
+    """New user text cancelled the completion (``interrupt`` steering); nothing was
+    committed and a new slice applies everything, the new text included."""
+
+    thread_id: str
+
+
+@dataclass(frozen=True)
+class Stalled:
+    """The thread is stalled and was not run; ``retry`` re-drives it."""
+
+    thread_id: str
+    error: str
+
+
+SliceOutcome = Busy | Missing | Idle | Waiting | Closed | Stale | Failed | Stalled | Steered
+
+
+def settled(thread_id: str, status: ThreadStatus, calls: dict[str, CallRecord]) -> SliceOutcome:
+    if status is ThreadStatus.CLOSED:
+        return Closed(thread_id)
+    waiting = pending(calls)
+    if not waiting:
+        return Idle(thread_id)
+    return Waiting(thread_id, tuple(c.call_id for c in waiting), tuple(c.name for c in waiting))

@@ -1,0 +1,498 @@
+"""The in-memory store: the whole ``Store`` contract in one process, no server.
+
+An idle thread is kept compact, as bytes, not object graphs, so a hundred thousand idle
+agents cost little more than their compressed text: its info as JSON, its items as
+compressed JSON lines (``memory_blob.ItemLog``), its calls and its last finished inbox
+rows zlib-compressed, and the ids it has seen as 8-byte digests. Finished inbox rows are
+kept only for the last ``memory_thread.DONE_ROWS_KEPT`` per thread; the dedup set keeps
+every id.
+
+A thread in use is "hot": decoded once into objects that slices read and commits
+update, and written back to bytes when it cools. A thread cools when a commit leaves it
+idle or closed (its turn is over; it waits for a person, so keeping it decoded would
+cost memory for nothing) or when it is the least recently used of more than
+``max_hot_threads`` hot threads. A thread waiting on a tool stays hot: its result usually
+comes soon, and its next slice then decodes nothing. Pending inbox rows, outbox rows and
+timers are few and short-lived, so they stay as objects.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+from collections import OrderedDict
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from dormant.errors import (
+    CallAnswered,
+    DuplicateMessage,
+    InboxFull,
+    SubscriptionCancelled,
+    ThreadClosed,
+    UnknownCall,
+    UnknownThread,
+)
+from dormant.messages import Inbound
+from dormant.stores.base import (
+    CallRecord,
+    CallState,
+    Commit,
+    InboxRow,
+    InboxState,
+    NewThread,
+    NewTimer,
+    OutboxRow,
+    Priority,
+    Snapshot,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+    TimerRow,
+)
+from dormant.stores.closing import close_calls, streams_to_stop
+from dormant.stores.lineage import next_seq, visible_history
+from dormant.stores.memory import thread as stored
+from dormant.stores.memory.blob import unpack_lines
+from dormant.stores.memory.retention import MemoryRetention, _waiting
+
+__all__ = ["MemoryStore"]
+
+
+class MemoryStore(MemoryRetention):
+    """``Store`` in memory; thread-safe behind one lock."""
+
+    def __init__(self, max_hot_threads: int = 256) -> None:
+        self._lock = threading.RLock()
+        self._threads: dict[str, stored.StoredThread] = {}
+        self._hot: OrderedDict[str, stored.StoredThread] = OrderedDict()
+        """Decoded threads, least recently used first."""
+        self._max_hot = max_hot_threads
+        self._open: dict[str, dict[int, InboxRow]] = {}
+        """Pending and deferred inbox rows by thread, in id order (ids only grow)."""
+        self._outbox: dict[int, OutboxRow] = {}
+        self._timers: dict[int, TimerRow] = {}
+        self._timer_heap: list[tuple[datetime, int]] = []
+        self._timer_keys: set[tuple[str, str]] = set()
+        self._ids = itertools.count(1)
+        self._children: dict[str, list[str]] = {}
+
+    # threads ---------------------------------------------------------------------------
+
+    def create_thread(self, thread: NewThread) -> ThreadInfo:
+        with self._lock:
+            if thread.id in self._threads:
+                raise DuplicateMessage(thread.id, thread.id)
+            now = stored.now()
+            info = ThreadInfo(
+                id=thread.id,
+                agent=thread.agent,
+                status=ThreadStatus.IDLE,
+                version=0,
+                created_at=now,
+                updated_at=now,
+                parent_id=thread.parent_id,
+                parent_call_id=thread.parent_call_id,
+                fork_seq=thread.fork_seq,
+                root_id=thread.root_id or thread.id,
+                metadata=dict(thread.metadata),
+            )
+            t = stored.StoredThread(info=stored.codecs().info.dump_json(info))
+            t.log.append(b"".join(stored.codecs().item.dump_json(s) + b"\n" for s in thread.items))
+            if thread.calls:
+                t.calls = stored.pack_calls({c.call_id: c for c in thread.calls})
+            for message_id, message, priority in thread.messages:
+                self._insert_row(t, thread.id, message_id, message, priority)
+            self._threads[thread.id] = t
+            if thread.parent_id is not None:
+                self._children.setdefault(thread.parent_id, []).append(thread.id)
+            return info
+
+    def thread(self, thread_id: str) -> ThreadInfo:
+        with self._lock:
+            return stored.info_of(self._get(thread_id))
+
+    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+        with self._lock:
+            infos = [stored.info_of(t) for t in self._threads.values()]
+        infos = [i for i in infos if status is None or i.status is status]
+        infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
+        return infos[:limit]
+
+    def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
+        with self._lock:
+            t = self._get(thread_id)
+            return stored.update(t, status=status, failures=0, last_error="", retry_at=None)
+
+    # inbox ----------------------------------------------------------------------------
+
+    def enqueue(
+        self,
+        thread_id: str,
+        message_id: str,
+        message: Inbound,
+        priority: int,
+        *,
+        max_open: int | None = None,
+        answered_ok: bool = True,
+    ) -> InboxRow:
+        with self._lock:
+            t = self._get(thread_id)
+            if stored.info_of(t).status is ThreadStatus.CLOSED:
+                raise ThreadClosed(thread_id)
+            if max_open is not None and not t.seen(message_id):
+                depth = sum(1 for r in self._open.get(thread_id, {}).values() if _waiting(r))
+                if depth >= max_open:
+                    raise InboxFull(thread_id, depth)
+            call_id = getattr(message, "call_id", None)
+            if call_id is not None:
+                call = stored.calls_of(t).get(call_id)
+                if call is None:
+                    raise UnknownCall(thread_id, call_id)
+                if call.state is CallState.CANCELLED:
+                    raise SubscriptionCancelled(thread_id, call_id)
+                answered = call.state is CallState.ANSWERED and not call.subscription
+                if answered and not answered_ok:
+                    if t.seen(message_id):
+                        raise DuplicateMessage(thread_id, message_id)
+                    raise CallAnswered(thread_id, call_id, message_id)
+            return self._insert_row(t, thread_id, message_id, message, priority)
+
+    def add_timer(self, thread_id: str, timer: NewTimer) -> None:
+        with self._lock:
+            self._get(thread_id)
+            self._add_timer(thread_id, timer)
+
+    # slice ----------------------------------------------------------------------------
+
+    def load(self, thread_id: str) -> Snapshot:
+        with self._lock:
+            hot = self._heat(thread_id, self._get(thread_id))
+            inbox = [r for r in self._open.get(thread_id, {}).values() if _waiting(r)]
+            items = visible_history(self, hot.info)
+            return Snapshot(hot.info, items, dict(hot.calls), inbox, next_seq(hot.info, items))
+
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        with self._lock:
+            t = self._get(thread_id)
+            items = list(t.hot.items) if t.hot is not None else stored.decode_items(t)[0]
+        return items if upto_seq is None else [i for i in items if i.seq <= upto_seq]
+
+    def children(self, thread_id: str) -> list[ThreadInfo]:
+        with self._lock:
+            self._get(thread_id)
+            kids = [stored.info_of(self._threads[c]) for c in self._children.get(thread_id, ())]
+        return sorted(kids, key=lambda i: (i.created_at, i.id))
+
+    def commit(self, commit: Commit) -> list[OutboxRow] | None:
+        with self._lock:
+            t = self._get(commit.thread_id)
+            hot = self._heat(commit.thread_id, t)
+            info = hot.info
+            if info.version != commit.version:
+                return None
+            for new in commit.threads:  # validate before writing: a commit is all or nothing
+                if new.id in self._threads:
+                    raise DuplicateMessage(new.id, new.id)
+            hot.items += commit.items
+            hot.unsaved += len(commit.items)
+            hot.calls.update({c.call_id: c for c in commit.calls})
+            hot.dirty = True
+            open_rows = self._open.get(commit.thread_id, {})
+            for row_id in commit.done:
+                stored.finish(hot, open_rows, row_id, InboxState.DONE, "")
+            for row_id, reason in commit.rejected:
+                stored.finish(hot, open_rows, row_id, InboxState.REJECTED, reason)
+            for row_id in commit.deferred:
+                if row_id in open_rows:
+                    open_rows[row_id] = replace(open_rows[row_id], state=InboxState.DEFERRED)
+            if not open_rows:
+                self._open.pop(commit.thread_id, None)
+            now = stored.now()
+            created = []
+            for call_id, action in commit.outbox:
+                row = OutboxRow(next(self._ids), commit.thread_id, call_id, action, now)
+                self._outbox[row.id] = row
+                created.append(row)
+            for timer in commit.timers:
+                self._add_timer(commit.thread_id, timer)
+            self._cancel_timers(commit.thread_id, set(commit.cancel_timers))
+            for new in commit.threads:
+                self.create_thread(new)
+            if commit.close_descendants:
+                created += self._close_descendants(commit.thread_id, now)
+            for thread_id, message_id, message, priority in commit.enqueue:
+                target = self._threads.get(thread_id)
+                if target is not None and not target.seen(message_id):
+                    self._insert_row(target, thread_id, message_id, message, priority)
+            changes: dict[str, Any] = dict(
+                status=commit.status,
+                inbox_seen=max(info.inbox_seen, commit.inbox_seen),
+                failures=0,
+                last_error="",
+                retry_at=None,
+            )
+            if commit.usage is not None:
+                changes["usage"] = commit.usage
+            stored.update(t, **changes)
+            if commit.status in (ThreadStatus.IDLE, ThreadStatus.CLOSED):
+                self._cool(commit.thread_id, t)  # its turn is over: it waits for a person
+            return created
+
+    def record_failure(
+        self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
+    ) -> ThreadInfo:
+        with self._lock:
+            t = self._get(thread_id)
+            info = stored.info_of(t)
+            failures = info.failures + 1
+            status = ThreadStatus.STALLED if failures >= stall_after else info.status
+            return stored.update(
+                t, failures=failures, last_error=error, status=status, retry_at=retry_at
+            )
+
+    def mark_dispatched(self, outbox_ids: list[int]) -> None:
+        now = stored.now()
+        with self._lock:
+            for row_id in outbox_ids:
+                row = self._outbox.get(row_id)
+                if row is not None:
+                    self._outbox[row_id] = replace(row, dispatched_at=now)
+
+    def mark_ran(self, outbox_ids: list[int]) -> None:
+        with self._lock:
+            for row_id in outbox_ids:
+                self._outbox.pop(row_id, None)  # ran rows are done with: keep nothing
+
+    def has_pending_after(
+        self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
+    ) -> bool:
+        with self._lock:
+            return any(
+                r.id > inbox_id
+                and r.state is InboxState.PENDING
+                and (not user_text_only or r.message.kind == "user")
+                for r in self._open.get(thread_id, {}).values()
+            )
+
+    # queries --------------------------------------------------------------------------
+
+    def history(self, thread_id: str) -> list[StoredItem]:
+        with self._lock:
+            return visible_history(self, stored.info_of(self._get(thread_id)))
+
+    def call(self, thread_id: str, call_id: str) -> CallRecord:
+        with self._lock:
+            call = stored.calls_of(self._get(thread_id)).get(call_id)
+        if call is None:
+            raise UnknownCall(thread_id, call_id)
+        return call
+
+    def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
+        with self._lock:
+            t = self._get(thread_id)
+            lines = t.hot.done if t.hot is not None else unpack_lines(t.done)
+            rows = [stored.codecs().row.validate_json(line) for line in lines]
+            rows += self._open.get(thread_id, {}).values()
+        rows.sort(key=lambda r: r.id)
+        return [r for r in rows if state is None or r.state is state]
+
+    # sweeper --------------------------------------------------------------------------
+
+    def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
+        fired: list[InboxRow] = []
+        with self._lock:
+            while self._timer_heap and self._timer_heap[0][0] <= now and len(fired) < limit:
+                _, timer_id = heapq.heappop(self._timer_heap)
+                timer = self._timers.pop(timer_id, None)
+                if timer is None:
+                    continue  # cancelled
+                t = self._threads.get(timer.thread_id)
+                if t is None or t.seen(timer.message_id):
+                    continue
+                row = self._insert_row(
+                    t, timer.thread_id, timer.message_id, timer.message, Priority.BACKGROUND
+                )
+                fired.append(row)
+        return fired
+
+    def undispatched(
+        self, older_than: datetime, limit: int = 100, *, lost_before: datetime | None = None
+    ) -> list[OutboxRow]:
+        def stranded(row: OutboxRow) -> bool:
+            if row.dispatched_at is None:
+                return row.created_at <= older_than
+            if lost_before is None or row.dispatched_at > lost_before:
+                return False
+            return row.claimed_until is None or row.claimed_until <= lost_before
+
+        with self._lock:
+            rows = [r for r in self._outbox.values() if stranded(r)]
+        return sorted(rows, key=lambda r: r.id)[:limit]
+
+    def claim_outbox(self, outbox_id: int, until: datetime) -> bool:
+        with self._lock:
+            row = self._outbox.get(outbox_id)
+            live = row is not None and row.claimed_until is not None
+            if row is None or (live and row.claimed_until >= datetime.now(UTC)):  # type: ignore[operator]
+                return False
+            self._outbox[outbox_id] = replace(row, claimed_until=until)
+            return True
+
+    def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
+        with self._lock:
+            row = self._outbox.get(outbox_id)
+            if row is None:
+                return False
+            self._outbox[outbox_id] = replace(row, claimed_until=until)
+            return True
+
+    def expired_claims(self, now: datetime, limit: int = 100) -> list[OutboxRow]:
+        with self._lock:
+            rows = [
+                r
+                for r in self._outbox.values()
+                if r.claimed_until is not None and r.claimed_until < now
+            ]
+        return sorted(rows, key=lambda r: r.id)[:limit]
+
+    def reclaim_outbox(self, outbox_id: int, now: datetime) -> bool:
+        with self._lock:
+            row = self._outbox.get(outbox_id)
+            if row is None or row.claimed_until is None or row.claimed_until >= now:
+                return False
+            self._outbox[outbox_id] = replace(row, claimed_until=None, dispatched_at=now)
+            return True
+
+    def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
+        return [thread_id for thread_id, _ in self.wakes_due(limit, now=now)]
+
+    def wakes_due(self, limit: int = 100, *, now: datetime | None = None) -> list[tuple[str, int]]:
+        with self._lock:
+            waiting: list[tuple[int, str, int]] = []  # (oldest pending row id, thread, priority)
+            for thread_id, rows in self._open.items():
+                pending = [r for r in rows.values() if r.state is InboxState.PENDING]
+                if not pending:
+                    continue
+                info = stored.info_of(self._threads[thread_id])
+                backing_off = now is not None and info.retry_at is not None and info.retry_at > now
+                if info.status is not ThreadStatus.STALLED and not backing_off:
+                    oldest = min(r.id for r in pending)
+                    waiting.append((oldest, thread_id, max(r.priority for r in pending)))
+            return [(thread_id, priority) for _, thread_id, priority in sorted(waiting)[:limit]]
+
+    def next_timer_due(self) -> datetime | None:
+        with self._lock:
+            while self._timer_heap and self._timer_heap[0][1] not in self._timers:
+                heapq.heappop(self._timer_heap)
+            return self._timer_heap[0][0] if self._timer_heap else None
+
+    def stored_bytes(self, thread_id: str) -> int:
+        """The bytes this store keeps for one idle thread (cooled first)."""
+        with self._lock:
+            t = self._get(thread_id)
+            self._cool(thread_id, t)
+            return len(t.info) + t.log.nbytes() + len(t.calls) + t.ids.nbytes() + len(t.done)
+
+    def close(self) -> None:
+        pass
+
+    # the DedupSet protocol: the store's own durable set, exact and never forgetting ------
+
+    def seen(self, thread_id: str, message_id: str) -> bool:
+        with self._lock:
+            t = self._threads.get(thread_id)
+            return t is not None and t.seen(message_id)
+
+    def add(self, thread_id: str, message_ids: list[str]) -> None:
+        """Nothing to do: ``enqueue`` records every id it accepts."""
+
+    # internals ------------------------------------------------------------------------
+
+    def _get(self, thread_id: str) -> stored.StoredThread:
+        t = self._threads.get(thread_id)
+        if t is None:
+            raise UnknownThread(thread_id)
+        return t
+
+    def _heat(self, thread_id: str, t: stored.StoredThread) -> stored.Hot:
+        """The thread decoded, most recently used; the least recently used cools."""
+        if t.hot is not None:
+            self._hot.move_to_end(thread_id)
+            return t.hot
+        hot = stored.heat(t)
+        self._hot[thread_id] = t
+        while len(self._hot) > self._max_hot:
+            oldest, cold = next(iter(self._hot.items()))
+            self._cool(oldest, cold)
+        return hot
+
+    def _cool(self, thread_id: str, t: stored.StoredThread) -> None:
+        """Write the decoded thread back to bytes and drop the objects."""
+        stored.cool(t)
+        self._hot.pop(thread_id, None)
+
+    def _insert_row(
+        self,
+        t: stored.StoredThread,
+        thread_id: str,
+        message_id: str,
+        message: Inbound,
+        priority: int,
+    ) -> InboxRow:
+        if t.seen(message_id):
+            raise DuplicateMessage(thread_id, message_id)
+        row = InboxRow(
+            next(self._ids),
+            thread_id,
+            message_id,
+            message,
+            priority,
+            InboxState.PENDING,
+            stored.now(),
+        )
+        t.ids.add(message_id)
+        self._open.setdefault(thread_id, {})[row.id] = row
+        return row
+
+    def _add_timer(self, thread_id: str, timer: NewTimer) -> None:
+        key = (thread_id, timer.message_id)
+        if key in self._timer_keys:
+            return
+        self._timer_keys.add(key)
+        row = TimerRow(
+            next(self._ids), thread_id, timer.call_id, timer.due_at, timer.message_id, timer.message
+        )
+        self._timers[row.id] = row
+        heapq.heappush(self._timer_heap, (row.due_at, row.id))
+
+    def _close_descendants(self, thread_id: str, now: datetime) -> list[OutboxRow]:
+        """Close every open descendant: its pending calls answered and its live
+        subscriptions cancelled (``stores/closing.py``), with "cancel" outbox rows."""
+        rows: list[OutboxRow] = []
+        for child in self.children(thread_id):
+            t = self._threads[child.id]
+            if child.status is not ThreadStatus.CLOSED:
+                hot = self._heat(child.id, t)
+                first = next_seq(hot.info, hot.items)
+                changed, results = close_calls(child.id, hot.calls.values(), first)
+                for call in streams_to_stop(hot.calls.values(), child.fork_seq):
+                    row = OutboxRow(next(self._ids), child.id, call.call_id, "cancel", now)
+                    self._outbox[row.id] = row
+                    rows.append(row)
+                hot.calls.update({c.call_id: c for c in changed})
+                hot.items += results
+                hot.unsaved += len(results)
+                stored.update(t, status=ThreadStatus.CLOSED)
+                self._cool(child.id, t)
+            rows += self._close_descendants(child.id, now)
+        return rows
+
+    def _cancel_timers(self, thread_id: str, call_ids: set[str]) -> None:
+        if not call_ids:
+            return
+        for timer_id, timer in list(self._timers.items()):
+            if timer.thread_id == thread_id and timer.call_id in call_ids:
+                del self._timers[timer_id]

@@ -1,0 +1,180 @@
+"""One thread of the memory store: its compact bytes, its decoded form, and the moves between.
+
+``StoredThread`` holds what an idle thread costs; ``Hot`` the objects a thread in use is
+decoded into. The functions read a part from whichever form is current, so the store
+never has to know which one it holds.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import TypeAdapter
+
+from dormant.stores.base import CallRecord, InboxRow, InboxState, StoredItem, ThreadInfo
+from dormant.stores.memory.blob import ItemLog, SeenIds, pack_lines, unpack_lines
+
+__all__ = [
+    "DONE_ROWS_KEPT",
+    "FOLD_BYTES",
+    "Codecs",
+    "Hot",
+    "StoredThread",
+    "calls_of",
+    "codecs",
+    "cool",
+    "decode_items",
+    "finish",
+    "heat",
+    "info_of",
+    "now",
+    "pack_calls",
+    "set_calls",
+    "update",
+]
+
+DONE_ROWS_KEPT = 8
+"""Finished (done or rejected) inbox rows ``inbox()`` still shows, per thread."""
+
+FOLD_BYTES = 2048
+"""A cooling thread compresses its new items once they reach this size (less stays raw)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Codecs:
+    info: TypeAdapter[ThreadInfo]
+    item: TypeAdapter[StoredItem]
+    items: TypeAdapter[list[StoredItem]]
+    calls: TypeAdapter[dict[str, CallRecord]]
+    row: TypeAdapter[InboxRow]
+
+
+@functools.cache
+def codecs() -> Codecs:
+    """The adapters, built on first use: their schemas would cost every ``import dormant``."""
+    return Codecs(
+        TypeAdapter(ThreadInfo),
+        TypeAdapter(StoredItem),
+        TypeAdapter(list[StoredItem]),
+        TypeAdapter(dict[str, CallRecord]),
+        TypeAdapter(InboxRow),
+    )
+
+
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(slots=True, eq=False)
+class Hot:
+    """A thread decoded for use; the bytes of ``StoredThread`` lag behind until it cools."""
+
+    info: ThreadInfo
+    items: list[StoredItem]
+    calls: dict[str, CallRecord]
+    done: list[bytes]
+    window: bytes
+    """The last 32 KiB of the compressed items' text: the next chunk's dictionary."""
+    unsaved: int = 0
+    """How many of the last ``items`` are not in the item log yet."""
+    dirty: bool = False
+    """Info, calls or finished rows changed since the thread was decoded."""
+
+
+@dataclass(slots=True, eq=False)
+class StoredThread:
+    info: bytes
+    log: ItemLog = field(default_factory=ItemLog)
+    calls: bytes = b""
+    """The calls index, zlib-compressed JSON (empty: no calls)."""
+    ids: SeenIds = field(default_factory=SeenIds)
+    """Every inbox message id ever accepted: the durable dedup set."""
+    done: bytes = b""
+    """The last finished inbox rows, compressed JSON lines."""
+    hot: Hot | None = None
+
+    def seen(self, message_id: str) -> bool:
+        return message_id in self.ids
+
+
+# A thread's parts, from its decoded form if it is hot, else from its bytes ---------------
+
+
+def info_of(t: StoredThread) -> ThreadInfo:
+    return t.hot.info if t.hot is not None else codecs().info.validate_json(t.info)
+
+
+def update(t: StoredThread, **changes: Any) -> ThreadInfo:
+    info = info_of(t)
+    info = replace(info, version=info.version + 1, updated_at=now(), **changes)
+    if t.hot is not None:
+        t.hot.info = info
+        t.hot.dirty = True
+    else:
+        t.info = codecs().info.dump_json(info)
+    return info
+
+
+def calls_of(t: StoredThread) -> dict[str, CallRecord]:
+    """The calls index; a hot thread's own dict (changes to it are kept)."""
+    if t.hot is not None:
+        return t.hot.calls
+    return codecs().calls.validate_json(zlib.decompress(t.calls)) if t.calls else {}
+
+
+def set_calls(t: StoredThread, calls: dict[str, CallRecord]) -> None:
+    if t.hot is not None:
+        t.hot.calls = calls
+        t.hot.dirty = True
+    else:
+        t.calls = pack_calls(calls)
+
+
+def pack_calls(calls: dict[str, CallRecord]) -> bytes:
+    return zlib.compress(codecs().calls.dump_json(calls), 1) if calls else b""
+
+
+def decode_items(t: StoredThread) -> tuple[list[StoredItem], bytes]:
+    """The thread's own items and its item log's window."""
+    text, window = t.log.plaintext()
+    # One JSON array decodes in a single call, much faster than one call per line.
+    items = codecs().items.validate_json(b"[" + text.rstrip(b"\n").replace(b"\n", b",") + b"]")
+    return items, window
+
+
+def finish(
+    hot: Hot, open_rows: dict[int, InboxRow], row_id: int, state: InboxState, reason: str
+) -> None:
+    row = open_rows.pop(row_id, None)
+    if row is not None:
+        reason = reason or row.reason  # a retried row keeps its quarantine story
+        hot.done.append(codecs().row.dump_json(replace(row, state=state, reason=reason)))
+        del hot.done[:-DONE_ROWS_KEPT]
+
+
+def heat(t: StoredThread) -> Hot:
+    """Decode the thread for use (its bytes stay as they are until it cools)."""
+    items, window = decode_items(t)
+    t.hot = Hot(info_of(t), items, calls_of(t), unpack_lines(t.done), window)
+    return t.hot
+
+
+def cool(t: StoredThread) -> None:
+    """Write a decoded thread back to bytes (compressing its new items) and drop the objects."""
+    hot = t.hot
+    if hot is None:
+        return
+    if hot.unsaved:
+        new = hot.items[len(hot.items) - hot.unsaved :]
+        t.log.append(b"".join(codecs().item.dump_json(s) + b"\n" for s in new))
+    if len(t.log.tail) >= FOLD_BYTES:
+        t.log.fold(hot.window)
+    if hot.dirty:
+        t.info = codecs().info.dump_json(hot.info)
+        t.calls = pack_calls(hot.calls)
+        t.done = pack_lines(hot.done)
+    t.hot = None

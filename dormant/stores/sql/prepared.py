@@ -1,0 +1,250 @@
+"""The SQL store's hot statements, built once per table prefix and dialect.
+
+Building a SQLAlchemy statement (``select(...).where(...)``) and generating its cache key
+cost far more Python than SQLite spends running it, and a statement whose shape changes
+with its data (``insert().values([...])`` with a varying row count, ``IN`` with a literal
+list, ``CASE`` over ids) misses the compiled cache and is compiled again every time. So
+each statement a slice, an enqueue or a sweep runs is built here once, with named bind
+parameters (``expanding`` ones for ``IN`` lists), and executed with a parameter dict, or a
+list of dicts (``executemany``, a multi-row ``VALUES`` where the dialect supports it) for
+many rows: the statement object, its cache key and its compiled form are all reused.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    Insert,
+    Select,
+    Update,
+    and_,
+    bindparam,
+    case,
+    func,
+    literal_column,
+    or_,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+
+from dormant.stores.base import InboxState, ThreadStatus
+from dormant.stores.sql.rows import is_pending, tables
+from dormant.stores.sql.tables import Schema, schema
+
+__all__ = ["Prepared", "prepared"]
+
+_OPEN: tuple[Any, ...] = tuple(
+    literal_column(f"'{s.value}'") for s in (InboxState.PENDING, InboxState.DEFERRED)
+)
+
+
+def is_open(inbox: Any) -> Any:
+    """``sql_rows.is_open`` with its states written as literals: an ``IN`` list of bound
+    values is rendered at every execution and cannot be used with ``executemany``."""
+    return inbox.c.state.in_(_OPEN)
+
+
+class Prepared:
+    """The hot statements of one schema (table prefix) on one dialect."""
+
+    def __init__(self, t: Schema, dialect: str) -> None:
+        threads, items, calls, inbox, outbox, timers = (
+            t.threads,
+            t.items,
+            t.calls,
+            t.inbox,
+            t.outbox,
+            t.timers,
+        )
+        pg = dialect == "postgresql"
+
+        def ins(table: Any) -> Any:
+            return insert_for_dialect(dialect, table)
+
+        # threads
+        self.get_thread: Select[Any] = select(threads).where(threads.c.id == bindparam("thread_id"))
+        self.get_thread_share: Select[Any] = self.get_thread.with_for_update(read=True)
+        self.create_thread: Insert = (
+            ins(threads).on_conflict_do_nothing(index_elements=["id"]).returning(*threads.c)
+        )
+        seen = threads.c.inbox_seen
+        advance = {
+            "version": threads.c.version + 1,
+            "status": bindparam("b_status"),
+            "inbox_seen": case(
+                (seen > bindparam("b_inbox_seen"), seen), else_=bindparam("b_inbox_seen")
+            ),
+            "failures": 0,
+            "last_error": "",
+            "retry_at": None,
+            "updated_at": bindparam("now", type_=threads.c.updated_at.type),
+        }
+        guard = and_(threads.c.id == bindparam("thread_id"), threads.c.version == bindparam("v"))
+        self.advance_thread: Update = update(threads).where(guard).values(advance)
+        self.advance_thread_usage: Update = (
+            update(threads)
+            .where(guard)
+            .values({**advance, "usage": bindparam("b_usage", type_=threads.c.usage.type)})
+        )
+        self.known_threads: Select[Any] = select(threads.c.id).where(
+            threads.c.id.in_(bindparam("ids", expanding=True))
+        )
+        # items
+        self.insert_items: Insert = items.insert()
+        own = select(items).where(items.c.thread_id == bindparam("thread_id"))
+        self.own_items: Select[Any] = own.order_by(items.c.seq)
+        self.own_items_upto: Select[Any] = own.where(items.c.seq <= bindparam("upto")).order_by(
+            items.c.seq
+        )
+        self.own_items_after: Select[Any] = own.where(items.c.seq > bindparam("after")).order_by(
+            items.c.seq
+        )
+        self.in_history: Select[Any] = (
+            select(items.c.seq)
+            .where(
+                items.c.thread_id == bindparam("thread_id"),
+                items.c.message_id == bindparam("message_id"),
+            )
+            .limit(1)
+        )
+        # calls
+        upsert = ins(calls)
+        changed = ("name", "args", "seq", "state", "subscription", "passive")
+        self.upsert_calls: Insert = upsert.on_conflict_do_update(
+            index_elements=["thread_id", "call_id"],
+            set_={name: upsert.excluded[name] for name in changed},
+        )
+        self.calls_of: Select[Any] = select(calls).where(
+            calls.c.thread_id == bindparam("thread_id")
+        )
+        self.call: Select[Any] = self.calls_of.where(calls.c.call_id == bindparam("call_id"))
+        its_call = and_(calls.c.thread_id == threads.c.id, calls.c.call_id == bindparam("call_id"))
+        self.thread_and_call: Select[Any] = (
+            select(threads.c.status, calls.c.state, calls.c.subscription)
+            .select_from(threads.outerjoin(calls, its_call))
+            .where(threads.c.id == bindparam("thread_id"))
+            .with_for_update(read=True, of=threads)
+        )
+        # inbox
+        self.insert_inbox: Insert = inbox.insert().returning(*inbox.c)
+        self.insert_inbox_new: Insert = (
+            ins(inbox)
+            .on_conflict_do_nothing(index_elements=["thread_id", "message_id"])
+            .returning(*inbox.c)
+        )
+        self.open_inbox: Select[Any] = (
+            select(inbox)
+            .where(inbox.c.thread_id == bindparam("thread_id"), is_open(inbox))
+            .order_by(inbox.c.id)
+        )
+        self.inbox_id_of: Select[Any] = select(inbox.c.id).where(
+            inbox.c.thread_id == bindparam("thread_id"),
+            inbox.c.message_id == bindparam("message_id"),
+        )
+        waiting = (
+            select(inbox.c.id)
+            .where(inbox.c.thread_id == bindparam("thread_id"), is_open(inbox))
+            .limit(bindparam("max_open"))
+            .subquery()
+        )
+        self.open_depth: Select[Any] = select(func.count()).select_from(waiting)
+        mine_open = (
+            inbox.c.id == bindparam("row_id"),
+            inbox.c.thread_id == bindparam("b_thread_id"),
+            is_open(inbox),
+        )
+        self.finish_row: Update = update(inbox).where(*mine_open).values(state=bindparam("b_state"))
+        self.reject_row: Update = (
+            update(inbox)
+            .where(
+                inbox.c.id == bindparam("row_id"),
+                inbox.c.thread_id == bindparam("b_thread_id"),
+                is_open(inbox),
+            )
+            .values(state=InboxState.REJECTED.value, reason=bindparam("b_reason"))
+        )
+        pending_after = select(inbox.c.id).where(
+            inbox.c.thread_id == bindparam("thread_id"),
+            is_pending(inbox),
+            inbox.c.id > bindparam("after"),
+        )
+        self.pending_after: Select[Any] = pending_after.limit(1)
+        self.user_pending_after: Select[Any] = pending_after.where(inbox.c.kind == "user").limit(1)
+        # outbox
+        self.insert_outbox: Insert = outbox.insert().returning(*outbox.c)
+        ids_unran = (outbox.c.id == bindparam("row_id"), outbox.c.ran_at.is_(None))
+        stamp_type = outbox.c.ran_at.type
+        self.mark_dispatched: Update = (
+            update(outbox)
+            .where(*ids_unran)
+            .values(dispatched_at=bindparam("now", type_=stamp_type))
+        )
+        self.mark_ran: Update = (
+            update(outbox).where(*ids_unran).values(ran_at=bindparam("now", type_=stamp_type))
+        )
+        # timers
+        self.insert_timers: Insert = ins(timers).on_conflict_do_nothing(
+            index_elements=["thread_id", "message_id"]
+        )
+        self.cancel_timers = timers.delete().where(
+            timers.c.thread_id == bindparam("thread_id"),
+            timers.c.call_id == bindparam("call_id"),
+            timers.c.fired_at.is_(None),
+        )
+        self.claim_timer: Update = (
+            update(timers)
+            .where(timers.c.id == bindparam("timer_id"), timers.c.fired_at.is_(None))
+            .values(fired_at=bindparam("now", type_=timers.c.fired_at.type))
+        )
+        due = (
+            select(timers)
+            .where(
+                timers.c.fired_at.is_(None),
+                timers.c.due_at <= bindparam("now", type_=timers.c.due_at.type),
+            )
+            .order_by(timers.c.due_at, timers.c.id)
+            .limit(bindparam("limit"))
+        )
+        self.due_timers: Select[Any] = due.with_for_update(skip_locked=True) if pg else due
+        self.next_timer_due: Select[Any] = (
+            select(timers.c.due_at)
+            .where(timers.c.fired_at.is_(None))
+            .order_by(timers.c.due_at)
+            .limit(1)
+        )
+        # sweeper
+        wake = (
+            select(inbox.c.thread_id, func.max(inbox.c.priority).label("priority"))
+            .join(threads, threads.c.id == inbox.c.thread_id)
+            .where(is_pending(inbox), threads.c.status != ThreadStatus.STALLED.value)
+            .group_by(inbox.c.thread_id)
+            .order_by(func.min(inbox.c.id))
+            .limit(bindparam("limit"))
+        )
+        self.threads_to_wake: Select[Any] = wake
+        retry_type = threads.c.retry_at.type
+        self.threads_to_wake_at: Select[Any] = wake.where(
+            or_(
+                threads.c.retry_at.is_(None),
+                threads.c.retry_at <= bindparam("now", type_=retry_type),
+            )
+        )
+
+
+def insert_for_dialect(dialect: str, table: Any) -> Any:
+    """``sql_rows.insert_for`` by dialect name, for statements built without a connection."""
+    return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
+
+
+@functools.cache
+def _prepared(prefix: str, dialect: str) -> Prepared:
+    return Prepared(schema(prefix), dialect)
+
+
+def prepared(conn: Connection) -> Prepared:
+    """The statements for ``conn``'s store (its table prefix) and database."""
+    return _prepared(tables(conn).prefix, conn.dialect.name)

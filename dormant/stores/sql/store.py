@@ -1,0 +1,438 @@
+"""The SQL history store: SQLite (the embedded default) and PostgreSQL, one code path.
+
+Every rule that matters is a SQL guarantee, never a check-then-write: the version guard is
+an ``UPDATE ... WHERE version = :expected``, dedup is a unique key, timers are claimed by a
+conditional ``UPDATE`` (with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL so sweepers never
+queue behind each other).
+
+On SQLite a busy database is waited for, never a failed slice (``sql_engine.py`` says how);
+here, the threads of one process queue for SQLite's one write lock on a Python lock rather
+than in SQLite's sleep-and-poll busy handler, which can starve one waiter for seconds on a
+loaded machine, and every transaction is run again if SQLite still reports it busy.
+"""
+
+from __future__ import annotations
+
+import copy
+import threading
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+from sqlalchemy import Connection, Engine, case, select, update
+from sqlalchemy.engine import URL
+from sqlalchemy.exc import IntegrityError
+
+from dormant.errors import DuplicateMessage, UnknownCall, UnknownThread
+from dormant.messages import Inbound, InboundAdapter
+from dormant.stores.base import (
+    CallRecord,
+    Commit,
+    InboxRow,
+    InboxState,
+    NewThread,
+    NewTimer,
+    OutboxRow,
+    Priority,
+    Snapshot,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+)
+from dormant.stores.lineage import next_seq, visible_history
+from dormant.stores.sql import statements as rows
+from dormant.stores.sql.claims import SQLClaims
+from dormant.stores.sql.direct import direct_transaction, run, run_many
+from dormant.stores.sql.engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
+from dormant.stores.sql.items import ItemCache
+from dormant.stores.sql.prepared import prepared
+from dormant.stores.sql.retention import SQLRetention, check_room
+from dormant.stores.sql.rows import (
+    SCHEMA_OPTION,
+    call_record,
+    inbox_row,
+    inbox_values,
+    is_unique_violation,
+    thread_info,
+)
+from dormant.stores.sql.tables import as_utc, schema
+
+if TYPE_CHECKING:
+    from alembic.config import Config
+
+__all__ = ["MIGRATIONS_DIR", "VERSION_TABLE", "SQLStore", "make_engine", "upgrade"]
+
+MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
+VERSION_TABLE = "dormant_alembic_version"
+"""Not ``alembic_version``: an application's own migrations may share the database. With a
+table prefix it is prefixed too (``myapp_dormant_alembic_version``)."""
+
+
+def _now() -> datetime:
+    return datetime.now(UTC)
+
+
+# Migrations --------------------------------------------------------------------------
+
+
+def _alembic_config(url: URL, table_prefix: str) -> Config:
+    """Alembic's configuration, built in code: the package ships no ``alembic.ini``. The
+    migrations read ``table_prefix`` to name every table, index and constraint. Alembic
+    (with mako) is imported here, not with the store: a worker never migrates."""
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("path_separator", "os")
+    config.set_main_option(
+        "sqlalchemy.url", url.render_as_string(hide_password=False).replace("%", "%%")
+    )
+    config.set_main_option("version_table", table_prefix + VERSION_TABLE)
+    config.set_main_option("table_prefix", table_prefix)
+    return config
+
+
+def _migrate(engine: Engine, table_prefix: str = "") -> None:
+    from alembic import command
+
+    config = _alembic_config(engine.url, table_prefix)
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")
+
+
+def upgrade(database_url: str, *, table_prefix: str = "") -> None:
+    """Bring the database's schema to the newest shipped migration (``dormant db upgrade``);
+    ``table_prefix`` names the tables (``Settings.table_prefix``)."""
+    engine = make_engine(database_url)
+    try:
+        _migrate(engine, table_prefix)
+    finally:
+        engine.dispose()
+
+
+# The store ---------------------------------------------------------------------------
+
+
+class SQLStore(SQLRetention, SQLClaims):
+    """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
+
+    ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
+    file and server databases are migrated by ``upgrade()``. ``table_prefix`` selects the
+    tables (``Settings.table_prefix``): stores with different prefixes share a database
+    without seeing each other.
+    """
+
+    def __init__(self, database_url: str, *, echo: bool = False, table_prefix: str = "") -> None:
+        self._schema = schema(table_prefix)
+        self._engine = make_engine(database_url, echo=echo)
+        self._postgres = self._engine.dialect.name == "postgresql"
+        memory = is_memory(self._engine.url)
+        # A StaticPool's one connection must never carry two transactions at once.
+        self._serial: AbstractContextManager[Any] = threading.RLock() if memory else nullcontext()
+        # SQLite has one writer: this process's threads queue here, in order, rather than
+        # in SQLite's sleep-and-poll busy handler.
+        sqlite_file = self._engine.dialect.name == "sqlite" and not memory
+        self._writer: AbstractContextManager[Any] = (
+            threading.Lock() if sqlite_file else nullcontext()
+        )
+        if memory:
+            _migrate(self._engine, table_prefix)
+        self._caller: Connection | None = None
+        self._items = ItemCache()
+
+    def on_connection(self, connection: Connection) -> SQLStore:
+        """This store writing on the caller's connection, inside the caller's transaction:
+        its rows commit or roll back with the caller's own. Each operation is a savepoint,
+        so a refused write (a duplicate message) leaves the caller's transaction usable."""
+        view = copy.copy(self)
+        view._caller = connection
+        # Nothing read inside a transaction that may still roll back is cached.
+        view._items = ItemCache(max_threads=0)
+        return view
+
+    @contextmanager
+    def _tx(
+        self, *, write: bool = False, snapshot: bool = False, direct: bool = False
+    ) -> Iterator[Connection]:
+        """One transaction; ``write`` takes SQLite's lock up front, ``snapshot`` makes
+        PostgreSQL reads agree with each other. ``direct`` (for a body that runs only
+        ``sql_direct`` statements) opens it on the driver connection, without SQLAlchemy's
+        per-transaction work: the connection is then not a real ``Connection``."""
+        if self._caller is not None:
+            self._caller.execution_options(**{SCHEMA_OPTION: self._schema})
+            with self._caller.begin_nested():
+                yield self._caller
+            return
+        writer = self._writer if write else nullcontext()
+        if direct:
+            begin = None if self._postgres else ("IMMEDIATE" if write else "DEFERRED")
+            options = {SCHEMA_OPTION: self._schema}
+            with (
+                self._serial,
+                writer,
+                direct_transaction(self._engine, options, begin=begin, snapshot=snapshot) as raw,
+            ):
+                yield cast(Connection, raw)
+            return
+        with self._serial, writer, self._engine.connect() as conn:
+            conn.execution_options(**{SCHEMA_OPTION: self._schema})
+            if write:
+                conn.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"})
+            if snapshot and self._postgres:
+                conn.execution_options(isolation_level="REPEATABLE READ")
+            with conn.begin():
+                yield conn
+
+    # threads -------------------------------------------------------------------------
+
+    @retry_busy
+    def create_thread(self, thread: NewThread) -> ThreadInfo:
+        with self._tx(write=True) as conn:
+            return rows.create_thread(conn, thread, _now())
+
+    @retry_busy
+    def thread(self, thread_id: str) -> ThreadInfo:
+        with self._tx(direct=True) as conn:
+            return rows.get_thread(conn, thread_id)
+
+    @retry_busy
+    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+        threads = self._schema.threads
+        query = select(threads).order_by(threads.c.created_at.desc(), threads.c.id.desc())
+        if status is not None:
+            query = query.where(threads.c.status == status.value)
+        with self._tx() as conn:
+            return [thread_info(r) for r in conn.execute(query.limit(limit)).mappings()]
+
+    def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
+        return self._update_thread(
+            thread_id,
+            status=status.value,
+            failures=0,
+            last_error="",
+            retry_at=None,
+            updated_at=_now(),
+        )
+
+    def record_failure(
+        self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
+    ) -> ThreadInfo:
+        threads = self._schema.threads
+        stalls = threads.c.failures + 1 >= stall_after
+        return self._update_thread(
+            thread_id,
+            failures=threads.c.failures + 1,
+            last_error=error,
+            retry_at=as_utc(retry_at) if retry_at is not None else None,
+            status=case((stalls, ThreadStatus.STALLED.value), else_=threads.c.status),
+            updated_at=_now(),
+        )
+
+    @retry_busy
+    def _update_thread(self, thread_id: str, /, **values: Any) -> ThreadInfo:
+        """Change a thread outside a commit; every change moves the version (fencing)."""
+        threads = self._schema.threads
+        stmt = (
+            update(threads)
+            .where(threads.c.id == thread_id)
+            .values(version=threads.c.version + 1, **values)
+            .returning(*threads.c)
+        )
+        with self._tx(write=True) as conn:
+            row = conn.execute(stmt).mappings().first()
+        if row is None:
+            raise UnknownThread(thread_id)
+        return thread_info(row)
+
+    # inbox ---------------------------------------------------------------------------
+
+    @retry_busy
+    def enqueue(
+        self,
+        thread_id: str,
+        message_id: str,
+        message: Inbound,
+        priority: int,
+        *,
+        max_open: int | None = None,
+        answered_ok: bool = True,
+    ) -> InboxRow:
+        values = inbox_values(thread_id, message_id, message, priority, _now())
+        try:
+            with self._tx(write=True, direct=True) as conn:
+                rows.check_inbound(conn, thread_id, message_id, message, answered_ok=answered_ok)
+                check_room(conn, thread_id, message_id, max_open)
+                return inbox_row(run(conn, prepared(conn).insert_inbox, values).one())
+        except IntegrityError as exc:
+            if is_unique_violation(exc):
+                raise DuplicateMessage(thread_id, message_id) from exc
+            raise
+
+    @retry_busy
+    def add_timer(self, thread_id: str, timer: NewTimer) -> None:
+        with self._tx(write=True) as conn:
+            rows.get_thread(conn, thread_id)
+            rows.insert_timers(conn, thread_id, [timer])
+
+    @retry_busy
+    def has_pending_after(
+        self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
+    ) -> bool:
+        with self._tx(direct=True) as conn:
+            ready = prepared(conn)
+            query = ready.user_pending_after if user_text_only else ready.pending_after
+            params = {"thread_id": thread_id, "after": inbox_id}
+            return run(conn, query, params).first() is not None
+
+    @retry_busy
+    def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
+        inbox = self._schema.inbox
+        query = select(inbox).where(inbox.c.thread_id == thread_id).order_by(inbox.c.id)
+        if state is not None:
+            query = query.where(inbox.c.state == state.value)
+        with self._tx() as conn:
+            found = [inbox_row(r) for r in conn.execute(query).mappings()]
+            if not found:
+                rows.get_thread(conn, thread_id)
+            return found
+
+    # slice ---------------------------------------------------------------------------
+
+    @retry_busy
+    def load(self, thread_id: str) -> Snapshot:
+        with self._tx(snapshot=True, direct=True) as conn:
+            ready = prepared(conn)
+            info = rows.get_thread(conn, thread_id)
+            items = visible_history(rows.ConnectionReader(conn, self._items, info), info)
+            mine = {"thread_id": thread_id}
+            call_rows = run(conn, ready.calls_of, mine).rows
+            pending = run(conn, ready.open_inbox, mine).rows
+            return Snapshot(
+                thread=info,
+                items=items,
+                calls={r["call_id"]: call_record(r) for r in call_rows},
+                inbox=[inbox_row(r) for r in pending],
+                next_seq=next_seq(info, items),
+            )
+
+    @retry_busy
+    def history(self, thread_id: str) -> list[StoredItem]:
+        with self._tx(snapshot=True, direct=True) as conn:
+            info = rows.get_thread(conn, thread_id)
+            return visible_history(rows.ConnectionReader(conn, self._items, info), info)
+
+    @retry_busy
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        with self._tx(snapshot=True, direct=True) as conn:
+            rows.get_thread(conn, thread_id)
+            return rows.own_items(conn, thread_id, upto_seq)
+
+    @retry_busy
+    def children(self, thread_id: str) -> list[ThreadInfo]:
+        with self._tx() as conn:
+            rows.get_thread(conn, thread_id)
+            return rows.children(conn, thread_id)
+
+    @retry_busy
+    def call(self, thread_id: str, call_id: str) -> CallRecord:
+        with self._tx(direct=True) as conn:
+            params = {"thread_id": thread_id, "call_id": call_id}
+            row = run(conn, prepared(conn).call, params).first()
+            if row is None:
+                rows.get_thread(conn, thread_id)
+                raise UnknownCall(thread_id, call_id)
+            return call_record(row)
+
+    @retry_busy
+    def commit(self, commit: Commit) -> list[OutboxRow] | None:
+        now = _now()
+        # Closing a subtree and messages for other threads are rare and still use
+        # SQLAlchemy statements: only a commit without them runs direct.
+        plain = not (
+            commit.close_descendants or commit.enqueue or any(t.messages for t in commit.threads)
+        )
+        with self._tx(write=True, direct=plain) as conn:
+            if not rows.advance_thread(conn, commit, now):
+                rows.get_thread(conn, commit.thread_id)
+                return None
+            tid = commit.thread_id
+            rows.insert_items(conn, tid, commit.items)
+            rows.upsert_calls(conn, tid, commit.calls)
+            rows.finish_rows(conn, tid, commit.done, commit.rejected, commit.deferred)
+            created = rows.insert_outbox(conn, [(tid, c, a) for c, a in commit.outbox], now)
+            rows.insert_timers(conn, tid, commit.timers)
+            rows.cancel_timers(conn, tid, commit.cancel_timers)
+            for new in commit.threads:
+                rows.create_thread(conn, new, now)
+            if commit.close_descendants:
+                created += rows.close_descendants(conn, tid, now)
+            rows.enqueue_elsewhere(conn, commit.enqueue, now)
+            return created
+
+    def mark_dispatched(self, outbox_ids: list[int]) -> None:
+        self._stamp_unran(outbox_ids, ran=False)
+
+    def mark_ran(self, outbox_ids: list[int]) -> None:
+        self._stamp_unran(outbox_ids, ran=True)
+
+    @retry_busy
+    def _stamp_unran(self, outbox_ids: list[int], *, ran: bool) -> None:
+        """Stamp ``ran_at`` (or ``dispatched_at``) now on rows no worker has run yet (a ran
+        row is final)."""
+        if not outbox_ids:
+            return
+        with self._tx(write=True, direct=True) as conn:
+            ready = prepared(conn)
+            stmt = ready.mark_ran if ran else ready.mark_dispatched
+            now = _now()
+            run_many(conn, stmt, [{"row_id": i, "now": now} for i in outbox_ids])
+
+    # sweeper -------------------------------------------------------------------------
+
+    @retry_busy
+    def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
+        """Claim due timers and queue their messages, atomically per claim."""
+        now = as_utc(now)
+        fired: list[InboxRow] = []
+        with self._tx(write=True, direct=True) as conn:
+            due = run(conn, prepared(conn).due_timers, {"now": now, "limit": limit})
+            for timer in due.rows:
+                if not rows.claim_timer(conn, timer["id"], now):
+                    continue
+                message = InboundAdapter.validate_python(timer["message"])
+                values = inbox_values(
+                    timer["thread_id"], timer["message_id"], message, Priority.BACKGROUND, now
+                )
+                row = rows.insert_inbox_ignoring_duplicates(conn, values)
+                if row is not None:
+                    fired.append(row)
+        return fired
+
+    def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
+        """Threads with rows no slice has looked at, the longest-waiting first; stalled
+        ones wait for ``retry``."""
+        return [thread_id for thread_id, _ in self.wakes_due(limit, now=now)]
+
+    @retry_busy
+    def wakes_due(self, limit: int = 100, *, now: datetime | None = None) -> list[tuple[str, int]]:
+        with self._tx(direct=True) as conn:
+            ready = prepared(conn)
+            if now is None:
+                found = run(conn, ready.threads_to_wake, {"limit": limit})
+            else:
+                params = {"limit": limit, "now": as_utc(now)}
+                found = run(conn, ready.threads_to_wake_at, params)
+            return [(r["thread_id"], r["priority"]) for r in found.rows]
+
+    @retry_busy
+    def next_timer_due(self) -> datetime | None:
+        with self._tx(direct=True) as conn:
+            found = run(conn, prepared(conn).next_timer_due).scalars()
+            due: datetime | None = found[0] if found else None
+            return due
+
+    def close(self) -> None:
+        self._engine.dispose()
