@@ -2,7 +2,7 @@
 
 ``Bench`` holds one run's settings, a ``Client``, the Redis keys and the worker processes
 it started. A worker is ``python bench/celery_worker.py`` (``celery_app.app`` run by
-``dormant.worker_process.start_worker``, as ``dormant worker`` runs its app) or, with
+``dormant.celery.worker_process.start_worker``, as ``dormant worker`` runs its app) or, with
 ``worker_cli="celery"``, ``celery -A celery_app worker``: the same worker, started through
 Celery's command line (which also imports Flower and click_repl when they are installed).
 """

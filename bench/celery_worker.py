@@ -1,4 +1,4 @@
-"""A bench worker: ``celery_app.app`` run by ``dormant.worker_process.start_worker``, the way
+"""A bench worker: ``celery_app.app`` run by ``dormant.celery.worker_process.start_worker``, the way
 ``dormant worker`` runs its own app (the bench's app also has its baseline tasks).
 
     python bench/celery_worker.py CONCURRENCY NODE_NAME

@@ -20,8 +20,8 @@ import yaml
 from kombu.transport.redis import Channel
 from typer.testing import CliRunner
 
-from dormant.cli import app
 from dormant.celery.config import QUEUES, REDIS_PRIORITY_STEPS
+from dormant.cli import app
 
 DEPLOY = Path(__file__).parent.parent / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"

@@ -5,7 +5,7 @@ followed by exactly one result before anything else happens, events become their
 synthetic call and result, summaries become user text. The provider modules
 (``openai_wire``, ``anthropic_wire``) only group parts into their own message shapes.
 
-The history rules (``dormant.history``) already answer every call before anything else
+The history rules (``dormant.runtime.history``) already answer every call before anything else
 is appended; ``flatten`` still closes a call left open (a child thread that inherited its
 parent's pending ``spawn_thread`` call) and turns a result with no open call into user
 text, because one malformed request would otherwise fail with a 400 on every retry.

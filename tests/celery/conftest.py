@@ -260,7 +260,7 @@ class Deployment:
         return self._start("beat", ["-A", "dormant.worker", "beat", "-l", "warning"], {})
 
     def start_cli(self, name: str, *args: str) -> Proc:
-        """``dormant worker ...`` or ``dormant beat``, the Typer commands of ``cli_celery``."""
+        """``dormant worker ...`` or ``dormant beat``, the Typer commands of ``cli/workers.py``."""
         argv = ["-c", _CLI, *args]
         return self._start(name, argv, {"TEST_WORKER_ID": name}, module=False)
 

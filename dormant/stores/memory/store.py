@@ -2,9 +2,9 @@
 
 An idle thread is kept compact, as bytes, not object graphs, so a hundred thousand idle
 agents cost little more than their compressed text: its info as JSON, its items as
-compressed JSON lines (``memory_blob.ItemLog``), its calls and its last finished inbox
+compressed JSON lines (``blob.ItemLog``), its calls and its last finished inbox
 rows zlib-compressed, and the ids it has seen as 8-byte digests. Finished inbox rows are
-kept only for the last ``memory_thread.DONE_ROWS_KEPT`` per thread; the dedup set keeps
+kept only for the last ``thread.DONE_ROWS_KEPT`` per thread; the dedup set keeps
 every id.
 
 A thread in use is "hot": decoded once into objects that slices read and commits

@@ -1,4 +1,4 @@
-"""Run a prepared statement (``sql_prepared.py``) on the driver's connection directly.
+"""Run a prepared statement (``prepared.py``) on the driver's connection directly.
 
 A cached SQLAlchemy execution still costs tens of microseconds of Python per statement
 (cache key, execution context, events, result metadata) against a few for SQLite itself,
@@ -93,7 +93,7 @@ class Plan:
 
 _plans: dict[tuple[int, str, tuple[str, ...]], Plan] = {}
 """Compiled plans by (statement, dialect, insert columns): statements live as long as the
-process (``sql_prepared`` builds them once), so their ids are stable keys."""
+process (``prepared.py`` builds them once), so their ids are stable keys."""
 
 
 def _plan(conn: Connection, stmt: ClauseElement, params: Params) -> Plan:
@@ -149,7 +149,7 @@ def _translated(conn: Connection, plan: Plan, bound: Any, exc: Exception) -> Exc
 
 class DirectConnection:
     """A pooled driver connection in a transaction begun here, shaped like the parts of
-    SQLAlchemy's ``Connection`` that ``run``, ``run_many`` and ``sql_rows.tables`` use
+    SQLAlchemy's ``Connection`` that ``run``, ``run_many`` and ``rows.tables`` use
     (``connection.dbapi_connection``, ``dialect``, ``get_execution_options``). Opening
     and committing it skips SQLAlchemy's per-transaction machinery (events, the
     ``Connection`` and ``Transaction`` objects), which cost more than a slice's SQL."""
@@ -170,7 +170,7 @@ def direct_transaction(
     engine: Engine, options: dict[str, Any], *, begin: str | None, snapshot: bool
 ) -> Iterator[Any]:
     """One transaction on a pooled driver connection: SQLite's begins with ``BEGIN
-    {begin}`` (the engine's connections are in autocommit mode, ``sql_engine.py``);
+    {begin}`` (the engine's connections are in autocommit mode, ``engine.py``);
     PostgreSQL's implicitly, at REPEATABLE READ with ``snapshot``. Committed on success,
     rolled back on any error; driver errors come out as ``sqlalchemy.exc`` errors."""
     dialect = engine.dialect

@@ -43,7 +43,7 @@ _OPEN: tuple[Any, ...] = tuple(
 
 
 def is_open(inbox: Any) -> Any:
-    """``sql_rows.is_open`` with its states written as literals: an ``IN`` list of bound
+    """``rows.is_open`` with its states written as literals: an ``IN`` list of bound
     values is rendered at every execution and cannot be used with ``executemany``."""
     return inbox.c.state.in_(_OPEN)
 
@@ -236,7 +236,7 @@ class Prepared:
 
 
 def insert_for_dialect(dialect: str, table: Any) -> Any:
-    """``sql_rows.insert_for`` by dialect name, for statements built without a connection."""
+    """``rows.insert_for`` by dialect name, for statements built without a connection."""
     return postgresql.insert(table) if dialect == "postgresql" else sqlite.insert(table)
 
 

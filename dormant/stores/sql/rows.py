@@ -1,5 +1,5 @@
 """Records (base.py) to rows (tables.py) and back, for the SQL store; the statements that
-read and write them are in ``sql_statements.py``.
+read and write them are in ``statements.py``.
 
 Items and messages go through their one ``TypeAdapter`` both ways: the JSON column holds
 exactly what ``dump_python(mode="json")`` produced.
@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 Row = Mapping[Any, Any]
-"""A row by column name: SQLAlchemy's ``RowMapping`` or ``sql_direct``'s dict."""
+"""A row by column name: SQLAlchemy's ``RowMapping`` or ``direct.py``'s dict."""
 
 SCHEMA_OPTION = "dormant_schema"
 """The execution option naming the ``Schema`` (table prefix) of a connection's store."""

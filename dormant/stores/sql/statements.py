@@ -1,4 +1,4 @@
-"""The SQL store's statements, run on the connection and transaction ``sql.py`` opens.
+"""The SQL store's statements, run on the connection and transaction ``store.py`` opens.
 
 Each writes many rows in one statement where it can (items, calls, inbox fates, outbox), so
 a slice's commit costs a handful of round trips whatever its size.
@@ -243,7 +243,7 @@ class ConnectionReader:
     """``lineage.OwnItems`` on one open connection: a history is read in one snapshot.
 
     With a ``cache``, a thread this reader has read (``first``, or through ``thread``)
-    reads only the items committed since the cached ones (``sql_items.py`` says why that
+    reads only the items committed since the cached ones (``items.py`` says why that
     is sound)."""
 
     def __init__(

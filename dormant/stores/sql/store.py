@@ -5,7 +5,7 @@ an ``UPDATE ... WHERE version = :expected``, dedup is a unique key, timers are c
 conditional ``UPDATE`` (with ``FOR UPDATE SKIP LOCKED`` on PostgreSQL so sweepers never
 queue behind each other).
 
-On SQLite a busy database is waited for, never a failed slice (``sql_engine.py`` says how);
+On SQLite a busy database is waited for, never a failed slice (``engine.py`` says how);
 here, the threads of one process queue for SQLite's one write lock on a Python lock rather
 than in SQLite's sleep-and-poll busy handler, which can starve one waiter for seconds on a
 loaded machine, and every transaction is run again if SQLite still reports it busy.
@@ -159,7 +159,7 @@ class SQLStore(SQLRetention, SQLClaims):
     ) -> Iterator[Connection]:
         """One transaction; ``write`` takes SQLite's lock up front, ``snapshot`` makes
         PostgreSQL reads agree with each other. ``direct`` (for a body that runs only
-        ``sql_direct`` statements) opens it on the driver connection, without SQLAlchemy's
+        ``direct.py`` statements) opens it on the driver connection, without SQLAlchemy's
         per-transaction work: the connection is then not a real ``Connection``."""
         if self._caller is not None:
             self._caller.execution_options(**{SCHEMA_OPTION: self._schema})
