@@ -16,6 +16,7 @@ from kombu.transport import redis as kombu_redis
 
 from chaos.services import OwnRedis
 from dormant import worker as dormant_worker
+from dormant.celery import config as celery_config
 from dormant.celery.broker import TRANSPORT
 from dormant.celery.worker_process import run_worker
 from dormant.settings import Settings
@@ -98,8 +99,8 @@ def test_a_wake_sent_to_a_stalled_redis_broker_fails_instead_of_waiting(
     """A broker that stops answering without closing its connections (SIGSTOP here; a
     partition in production): kombu's Redis transport has no socket timeout by default, so
     the publish of a ``Client.send`` waited for as long as the broker stalled."""
-    monkeypatch.setattr(dormant_worker, "BROKER_SOCKET_TIMEOUT_S", 1.0)
-    monkeypatch.setattr(dormant_worker, "BROKER_CONNECT_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(celery_config, "BROKER_SOCKET_TIMEOUT_S", 1.0)
+    monkeypatch.setattr(celery_config, "BROKER_CONNECT_TIMEOUT_S", 1.0)
     settings = Settings(secret_keys=("k",), broker_url=own_redis.url)
     dispatcher = dormant_worker.client_dispatcher(settings, None)
     dispatcher.wake("thr_stalled", Priority.INTERACTIVE)  # connected before the stall
