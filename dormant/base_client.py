@@ -113,7 +113,7 @@ class BaseClient(ABC):
             self.agents.get_agent(agent)
         chosen = thread_id is not None
         thread_id = thread_id or new_thread_id()
-        self._check_size(thread_id, text)
+        self._check_size(thread_id, text, "user text")
         message_id = message_id or f"launch:{thread_id}"
         first = UserMessage(text=text)
         new = NewThread(
@@ -163,7 +163,7 @@ class BaseClient(ABC):
         Raises ``ThreadBusy`` when the thread's agent uses ``steering="reject"`` and a
         slice of the thread is running (checked where the agents and leases are known).
         """
-        self._check_size(thread_id, text)
+        self._check_size(thread_id, text, "user text")
         self._refuse_if_busy(thread_id)
         message = UserMessage(text=text)
         return self._enqueue(thread_id, message_id, message, Priority.INTERACTIVE, limited=True)
@@ -186,7 +186,7 @@ class BaseClient(ABC):
         if token is not None:
             self.verify_token(thread_id, call_id, token)
         content = as_text(result)
-        self._check_size(thread_id, content)
+        self._check_size(thread_id, content, f"the result of call {call_id!r}")
         message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
         # A new result on an answered call (not a subscription) would change nothing: the
         # store refuses it (``CallAnswered``) in the transaction that would queue it.
@@ -213,7 +213,7 @@ class BaseClient(ABC):
     ) -> str:
         """Send an event on a subscription call."""
         text = as_text(content)
-        self._check_size(thread_id, text)
+        self._check_size(thread_id, text, f"the event on call {call_id!r}")
         message = EventMessage(call_id=call_id, content=text, associative=associative, final=final)
         return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND, limited=True)
 
@@ -314,12 +314,14 @@ class BaseClient(ABC):
         if agent is not None and agent.steering == "reject" and self.lease.held(thread_id):
             raise ThreadBusy(thread_id)
 
-    def _check_size(self, thread_id: str, text: str) -> None:
+    def _check_size(self, thread_id: str, text: str, what: str) -> None:
+        """Refuse ``text`` past ``max_message_bytes``; the reason names ``what`` it is, its
+        size and the limit (a tool's refused result becomes this reason, for its model)."""
         size = len(text.encode())
         if size > self.settings.max_message_bytes:
             raise PayloadTooLarge(
-                f"message for thread {thread_id!r} is {size} bytes; "
-                f"the limit is {self.settings.max_message_bytes}"
+                f"{what} for thread {thread_id!r} is {size} bytes; "
+                f"the limit is {self.settings.max_message_bytes} (max_message_bytes)"
             )
 
     def _enqueue(

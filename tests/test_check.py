@@ -10,7 +10,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from dormant.agents import Agent
-from dormant.messages import AssistantTurn, Item, ToolCall, ToolResult, UserMessage, UserText
+from dormant.messages import (
+    AssistantTurn,
+    EventMessage,
+    Item,
+    ToolCall,
+    ToolResult,
+    ToolResultMessage,
+    UserMessage,
+    UserText,
+)
 from dormant.models.base import Completion
 from dormant.models.scripted import ScriptedModel, call, reply
 from dormant.ops.check import Problem, check_store
@@ -25,6 +34,8 @@ from dormant.stores.base import (
 )
 from dormant.tools.base import ToolContext, tool
 from tests.harness import Harness
+
+WAITING, CLOSED = ThreadStatus.WAITING, ThreadStatus.CLOSED
 
 
 @tool(deferred=True)
@@ -95,7 +106,8 @@ def test_a_call_answered_twice_is_found(store: Store) -> None:
     t = new_thread(store)
     turn = AssistantTurn(calls=(ToolCall(call_id="c1", name="build"),))
     result = ToolResult(call_id="c1", name="build", content="green")
-    write(store, t, UserText(text="go"), turn, result, result)
+    record = CallRecord("c1", "build", {}, 2, CallState.ANSWERED)
+    write(store, t, UserText(text="go"), turn, result, result, calls=[record])
     [problem] = check_store(store)
     assert (problem.rule, problem.thread_id) == ("one result per call", t)
     assert "build c1 has 2 results" in problem.detail
@@ -205,3 +217,95 @@ def test_a_deferred_row_with_no_call_pending_is_found_only_after_the_grace(store
     assert check_store(store, grace_s=3600) == []
     [problem] = check_store(store)
     assert problem.rule == "stuck" and "(later) deferred with no call pending" in problem.detail
+
+
+def test_a_result_or_event_marked_consumed_that_never_reached_the_history_is_found(
+    store: Store,
+) -> None:
+    t = new_thread(store)
+    build_call = ToolCall(call_id="b1", name="build")
+    watch_call = ToolCall(call_id="w1", name="watch")
+    records = [
+        CallRecord("b1", "build", {}, 2, CallState.PENDING),
+        CallRecord("w1", "watch", {}, 2, CallState.SUBSCRIBED, subscription=True),
+    ]
+    turn = AssistantTurn(calls=(build_call, watch_call))
+    watching = ToolResult(call_id="w1", name="watch", content="watching")
+    write(store, t, UserText(text="go"), turn, watching, calls=records, status=WAITING)
+    store.enqueue(t, "ci-1", ToolResultMessage(call_id="b1", content="green"), 4)
+    store.enqueue(t, "pr-7", EventMessage(call_id="w1", content="PR 7", associative=True), 4)
+    write(store, t, status=WAITING)  # marks both rows done, stores nothing
+    [problem] = check_store(store)
+    assert (problem.rule, problem.detail) == (
+        "messages",
+        "consumed but not in any history: ci-1, pr-7",
+    )
+
+
+def test_a_threaded_event_is_found_in_the_child_it_started_and_a_late_wake_shows_nothing(
+    store: Store,
+) -> None:
+    """Not problems: what the runtime consumes on purpose without showing it here."""
+    t = new_thread(store)
+    turn = AssistantTurn(calls=(ToolCall(call_id="w1", name="watch"),))
+    records = [CallRecord("w1", "watch", {}, 2, CallState.SUBSCRIBED, subscription=True)]
+    write(
+        store,
+        t,
+        UserText(text="go"),
+        turn,
+        ToolResult(call_id="w1", name="watch", content="ok"),
+        calls=records,
+    )
+    store.enqueue(t, "pr-7", EventMessage(call_id="w1", content="PR 7"), 4)
+    child = NewThread(
+        id="thr_child", agent="a", parent_id=t, parent_call_id="w1", fork_seq=3, root_id=t
+    )
+    write(
+        store,
+        t,
+        threads=[child],
+        enqueue=[
+            (
+                "thr_child",
+                "event:pr-7",
+                EventMessage(call_id="w1", content="PR 7", associative=True),
+                4,
+            )
+        ],
+    )
+    assert check_store(store, grace_s=3600) == []
+    sleeper = new_thread(store, "thr_sleeper")
+    nap = AssistantTurn(calls=(ToolCall(call_id="s1", name="sleep"),))
+    woken = ToolResult(call_id="s1", name="sleep", content="woken up: an event arrived")
+    records = [CallRecord("s1", "sleep", {}, 2, CallState.ANSWERED, passive=True)]
+    write(store, sleeper, UserText(text="nap"), nap, woken, calls=records)
+    store.enqueue(sleeper, "timer:s1", ToolResultMessage(call_id="s1", content="slept"), 4)
+    write(store, sleeper)  # the timer's wake-up came after the wait was over: no news
+    assert check_store(store, grace_s=3600) == []
+
+
+def test_a_call_without_its_call_record_is_found(store: Store) -> None:
+    t = new_thread(store)
+    turn = AssistantTurn(calls=(ToolCall(call_id="c1", name="build"),))
+    result = ToolResult(call_id="c1", name="build", content="green")
+    write(store, t, UserText(text="go"), turn, result)  # as if the call row were deleted
+    [problem] = check_store(store)
+    assert (problem.rule, problem.detail) == ("call records", "calls without a record: c1")
+
+
+def test_a_closed_thread_with_a_live_subscription_or_a_pending_call_is_found(store: Store) -> None:
+    watching = new_thread(store, "thr_watching")
+    turn = AssistantTurn(calls=(ToolCall(call_id="w1", name="watch"),))
+    record = CallRecord("w1", "watch", {}, 2, CallState.SUBSCRIBED, subscription=True)
+    result = ToolResult(call_id="w1", name="watch", content="watching")
+    write(store, watching, UserText(text="go"), turn, result, calls=[record], status=CLOSED)
+    building = new_thread(store, "thr_building")
+    turn = AssistantTurn(calls=(ToolCall(call_id="b1", name="build"),))
+    record = CallRecord("b1", "build", {}, 2, CallState.PENDING)
+    write(store, building, UserText(text="go"), turn, calls=[record], status=CLOSED)
+    found = {(p.thread_id, p.rule, p.detail) for p in check_store(store)}
+    assert found == {
+        (watching, "closed", "closed with calls still live: w1"),
+        (building, "closed", "closed with calls still live: b1"),
+    }

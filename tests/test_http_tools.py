@@ -13,7 +13,7 @@ import pytest
 from pydantic import BaseModel
 
 from dormant import Agent, LocalSystem
-from dormant.messages import ToolResult, UserText
+from dormant.messages import AssistantTurn, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.tools import http_tool
 
@@ -145,3 +145,14 @@ def test_an_unreachable_endpoint_becomes_an_error_result_not_a_hang() -> None:
         answer = result(system, thread_id)
         assert answer is not None and answer.is_error
         assert "could not be reached" in answer.content and "(after 2 attempts)" in answer.content
+
+
+def test_an_oversized_http_tool_response_becomes_one_error_result(endpoint: Endpoint) -> None:
+    endpoint.answers = [(200, json.dumps({"result": "r" * 300_000}))]
+    system, thread_id = run(endpoint.url, deferred=False)
+    with system:
+        answer = result(system, thread_id)
+        assert answer is not None and answer.is_error
+        assert "is 300000 bytes; the limit is 262144 (max_message_bytes)" in answer.content
+        assert len(endpoint.requests) == 1  # answered once; the endpoint is not called again
+        assert system.history(thread_id)[-1] == AssistantTurn(text="done")

@@ -38,7 +38,7 @@ def test_run_until_idle_names_a_thread_whose_model_failed_and_why() -> None:
     assert raised.value.thread_ids == [thread_id]
     message = str(raised.value)
     assert thread_id in message and "Missing credentials" in message
-    assert "1 failed slice(s), retried after" in message
+    assert "stalled after 1 failed slice(s); `retry` re-drives it" in message
 
 
 def test_run_until_idle_can_return_the_failures_as_a_report_instead() -> None:

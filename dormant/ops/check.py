@@ -4,13 +4,20 @@ The runtime's promises, stated over stored rows so that they can be checked afte
 (a chaos test, a restore from backup, a production database) without trusting the code
 that wrote them:
 
-- every tool call in a thread's transcript has exactly one result, unless it is pending;
+- every tool call in a thread's transcript has exactly one result, unless it is pending,
+  and a call record (the index that routes its results and events);
 - no message id is stored twice in a thread, and events are shown once each;
-- user messages appear in the history in the order they arrived in the inbox;
+- every message marked consumed reached a history: user text in arrival order, results and
+  events in the thread's own (a threaded event in the temporary child it started; a timer
+  that woke a wait already over shows nothing, by design);
 - seqs are contiguous along each lineage (a child's first own seq is ``fork_seq + 1``);
+- a closed thread has nothing live: no call pending, no subscription still streaming;
 - nothing is stuck: a thread's status agrees with its calls, a stalled thread says why, no
   inbox row waits with no slice on its way, no deferred row outlives the calls it waits on,
   and every outbox row was run.
+
+What no stored row can show is not checked: a tool run that dies (its worker killed) every
+time it is re-sent looks like one still running.
 
 Work still in flight is not a problem while it is younger than ``grace_s``: check a live
 system with a grace above the sweep interval, a quiesced one with none.
@@ -18,12 +25,20 @@ system with a grace above the sweep interval, a quiesced one with none.
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from dormant.messages import AssistantTurn, EventShown, ToolResult, UserMessage, UserText
+from dormant.messages import (
+    AssistantTurn,
+    EventShown,
+    ToolResult,
+    ToolResultMessage,
+    UserMessage,
+    UserText,
+)
+from dormant.runtime.children import EVENT_SEED_PREFIX
 from dormant.stores.base import (
     RETRIED_MARK,
     CallRecord,
@@ -31,6 +46,7 @@ from dormant.stores.base import (
     InboxRow,
     InboxState,
     Store,
+    StoredItem,
     ThreadInfo,
     ThreadStatus,
 )
@@ -60,8 +76,13 @@ def check_store(
     """Every problem found in ``store``, thread by thread (oldest first); empty when sound."""
     settled_before = (now or datetime.now(UTC)) - timedelta(seconds=grace_s)
     problems: list[Problem] = []
-    for thread in reversed(store.threads(limit=_ALL)):
-        problems.extend(_thread_problems(store, thread, settled_before))
+    threads = list(reversed(store.threads(limit=_ALL)))
+    children: dict[str, list[str]] = defaultdict(list)
+    for thread in threads:
+        if thread.parent_id is not None:
+            children[thread.parent_id].append(thread.id)
+    for thread in threads:
+        problems.extend(_thread_problems(store, thread, settled_before, children[thread.id]))
     for row in store.undispatched(settled_before, limit=_ALL, lost_before=settled_before):
         state = "was dispatched but never ran" if row.dispatched_at else "was never dispatched"
         problems.append(
@@ -71,7 +92,7 @@ def check_store(
 
 
 def _thread_problems(
-    store: Store, thread: ThreadInfo, settled_before: datetime
+    store: Store, thread: ThreadInfo, settled_before: datetime, children: list[str]
 ) -> Iterator[Problem]:
     def problem(rule: str, detail: str) -> Problem:
         return Problem(thread.id, rule, detail)
@@ -97,6 +118,17 @@ def _thread_problems(
                 "one result per call",
                 f"{call.name} {call.call_id} has {results[call.call_id]} results",
             )
+    unindexed = [
+        c
+        for s in own
+        if isinstance(s.item, AssistantTurn)
+        for c in s.item.calls
+        if c.call_id not in calls
+    ]
+    if unindexed:
+        yield problem(
+            "call records", f"calls without a record: {_brief(c.call_id for c in unindexed)}"
+        )
     strays = set(results) - {c.call_id for c in made}
     if strays:
         yield problem("one result per call", f"results for calls never made: {_brief(strays)}")
@@ -118,8 +150,65 @@ def _thread_problems(
     missing = set(arrived) - set(applied)
     if missing:
         yield problem("user messages", f"consumed but not in the history: {_brief(missing)}")
+    unshown = _consumed_unshown(store, own, calls, inbox, children)
+    if unshown:
+        yield problem("messages", f"consumed but not in any history: {_brief(unshown)}")
 
+    if thread.status is ThreadStatus.CLOSED:
+        live = [c.call_id for c in calls.values() if _live(c)]
+        if live:
+            yield problem("closed", f"closed with calls still live: {_brief(live)}")
     yield from _stuck(thread, calls, inbox, settled_before, problem)
+
+
+def _consumed_unshown(
+    store: Store,
+    own: list[StoredItem],
+    calls: dict[str, CallRecord],
+    inbox: list[InboxRow],
+    children: list[str],
+) -> list[str]:
+    """Message ids of results, events, reports and parent messages marked done that no
+    history shows (user text has its own, ordered, check)."""
+    shown = {s.message_id for s in own}
+    forwarded: set[str] | None = None
+    unshown: list[str] = []
+    for row in inbox:
+        if row.state is not InboxState.DONE or isinstance(row.message, UserMessage):
+            continue
+        if row.message_id in shown or _stale_wake(row, calls):
+            continue
+        if forwarded is None:  # read the children only when a row was not shown here
+            forwarded = _child_message_ids(store, children)
+        if f"{EVENT_SEED_PREFIX}{row.message_id}" not in forwarded:
+            unshown.append(row.message_id)
+    return unshown
+
+
+def _stale_wake(row: InboxRow, calls: dict[str, CallRecord]) -> bool:
+    """A wait's timer that arrived after the wait was over (an event or user text ended
+    it): done, with no news to show (``runtime/history.py``)."""
+    if not isinstance(row.message, ToolResultMessage):
+        return False
+    call = calls.get(row.message.call_id)
+    return call is not None and call.passive and call.state is not CallState.PENDING
+
+
+def _child_message_ids(store: Store, children: list[str]) -> set[str]:
+    """Every message id the children hold, in their inbox or their own history."""
+    ids: set[str] = set()
+    for child in children:
+        ids.update(row.message_id for row in store.inbox(child))
+        ids.update(s.message_id for s in store.own_items(child))
+    return ids
+
+
+def _live(call: CallRecord) -> bool:
+    """A call closing must have settled (``stores/closing.py``): pending, or a
+    subscription still streaming."""
+    return call.state is CallState.PENDING or (
+        call.subscription and call.state is CallState.SUBSCRIBED
+    )
 
 
 def _stuck(

@@ -35,6 +35,7 @@ from dormant.stores.base import (
 from dormant.stores.closing import streams_to_stop
 
 __all__ = [
+    "EVENT_SEED_PREFIX",
     "close_thread",
     "instructions_for",
     "new_thread_id",
@@ -42,6 +43,11 @@ __all__ = [
     "spawn_child",
     "spawn_event_thread",
 ]
+
+
+EVENT_SEED_PREFIX = "event:"
+"""A threaded event's seed in its temporary child has the message id of the subscriber's
+row, with this prefix (``dormant check`` follows an event there)."""
 
 
 def new_thread_id() -> str:
@@ -122,7 +128,9 @@ def spawn_event_thread(agent: Agent, snap: Snapshot, turn: Turn, spawn: EventSpa
         )
     )
     seed = EventMessage(call_id=spawn.call.call_id, content=spawn.content, associative=True)
-    turn.enqueue.append((child_id, f"event:{spawn.row.message_id}", seed, Priority.BACKGROUND))
+    turn.enqueue.append(
+        (child_id, f"{EVENT_SEED_PREFIX}{spawn.row.message_id}", seed, Priority.BACKGROUND)
+    )
 
 
 def report_to_parent(

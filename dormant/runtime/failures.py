@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from dormant.errors import HistoryTooLarge, SliceDeadlineExceeded
+from dormant.errors import HistoryTooLarge, ModelFatal, SliceDeadlineExceeded
 from dormant.messages import (
     AssistantTurn,
     Event,
@@ -18,7 +18,7 @@ from dormant.messages import (
 )
 from dormant.runtime.deps import SliceDeps
 from dormant.runtime.outcomes import Failed
-from dormant.runtime.quarantine import history_bytes
+from dormant.runtime.quarantine import REQUEST_STATUSES, history_bytes
 from dormant.stores.base import InboxRow, Snapshot, StoredItem, ThreadStatus
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "history_bytes_bound",
     "quarantine_row",
     "record_failed",
+    "stalls_at_once",
 ]
 
 
@@ -36,6 +37,15 @@ def describe(error: BaseException) -> str:
     ``ModelFatal: 401 ...``), for ``last_error``."""
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[-1]}" if text else type(error).__name__
+
+
+def stalls_at_once(error: Exception) -> bool:
+    """Whether the failure stalls its thread at once: a provider refusing the deployment
+    (``ModelFatal`` other than 400, 413 or 422: a bad or missing key, a model it does not
+    serve) refuses every retry the same way until an operator fixes it, so retrying only
+    hides the reason behind a backoff. A refused request blames one message instead and
+    goes the way of quarantine (``quarantine.py``)."""
+    return isinstance(error, ModelFatal) and error.status not in REQUEST_STATUSES
 
 
 def record_failed(

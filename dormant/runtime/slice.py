@@ -58,6 +58,7 @@ from dormant.runtime.failures import (
     describe,
     quarantine_row,
     record_failed,
+    stalls_at_once,
 )
 from dormant.runtime.history import Applied, apply_inbox, has_pending
 from dormant.runtime.outcomes import (
@@ -233,7 +234,8 @@ class _Slice:
             suspect = poison(deps.settings, snap, error)
             if suspect is not None:
                 return self._quarantine(snap, suspect, describe(error)), suspect.id
-            return self._failed(snap.thread.failures, describe(error)), None
+            stall_after = 1 if stalls_at_once(error) else None
+            return self._failed(snap.thread.failures, describe(error), stall_after), None
 
     def _apply(self, snap: Snapshot) -> tuple[SliceOutcome, int | None]:
         deps = self.deps

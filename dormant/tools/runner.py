@@ -15,7 +15,14 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from dormant.agents import AgentRegistry
-from dormant.errors import CallAnswered, SubscriptionCancelled, ThreadClosed
+from dormant.errors import (
+    CallAnswered,
+    ControlSignal,
+    MessageRejected,
+    NotFound,
+    SubscriptionCancelled,
+    ThreadClosed,
+)
 from dormant.stores.base import CallState, OutboxRow, QueryStore
 from dormant.tools.base import ToolContext, ToolSink
 
@@ -112,17 +119,41 @@ class _RetryingSink:
     def tool_result(
         self, thread_id: str, call_id: str, content: str, *, is_error: bool = False
     ) -> None:
+        """Hand the result in; a result the thread refuses answers the call with why.
+
+        The call must get its one result and the run must end: a result refused for good
+        (over ``max_message_bytes``) or that cannot be stored (a value the database
+        rejects, a bug) would otherwise leave the row unran, and the sweeper would run the
+        tool again, for ever, to be refused the same way each time. Only an unreachable
+        server, still down after ``hand_in_timeout_s``, ends the run unanswered: then
+        running the tool again later is the recovery.
+        """
         try:
-            hand_in(
-                f"result of call {call_id} of thread {thread_id}",
-                lambda: self._sink.tool_result(thread_id, call_id, content, is_error=is_error),
-                self._timeout_s,
+            self._hand_in(thread_id, call_id, content, is_error)
+        except _THREAD_IS_DONE as refused:
+            _dropped(thread_id, call_id, refused)
+        except (ControlSignal, NotFound):
+            raise  # a test's crash point; a thread or call that is gone (the task's to handle)
+        except Exception as error:
+            if _transient(error):
+                raise
+            log.warning(
+                "result of call %s of thread %s not stored (%s); the call is answered with why",
+                call_id,
+                thread_id,
+                _why(error),
             )
-        except (ThreadClosed, SubscriptionCancelled, CallAnswered) as refused:
-            # The thread will never take this result (closed while the tool ran, say):
-            # the run is over. Raising would leave the row unran, and the sweeper would
-            # run the tool again, for ever, to be refused the same way each time.
-            log.warning("result of call %s of thread %s dropped: %s", call_id, thread_id, refused)
+            try:
+                self._hand_in(thread_id, call_id, _refusal_result(error), True)
+            except _THREAD_IS_DONE as refused:
+                _dropped(thread_id, call_id, refused)
+
+    def _hand_in(self, thread_id: str, call_id: str, content: str, is_error: bool) -> None:
+        hand_in(
+            f"result of call {call_id} of thread {thread_id}",
+            lambda: self._sink.tool_result(thread_id, call_id, content, is_error=is_error),
+            self._timeout_s,
+        )
 
     def tool_event(
         self,
@@ -145,6 +176,33 @@ class _RetryingSink:
 
     def tool_schedule(self, thread_id: str, call_id: str, content: str, at: datetime) -> None:
         self._sink.tool_schedule(thread_id, call_id, content, at)
+
+
+_THREAD_IS_DONE = (ThreadClosed, SubscriptionCancelled, CallAnswered)
+"""Refusals that mean the thread will never take a result for this call (closed while the
+tool ran, say): the run is over and there is nobody left to answer."""
+
+_WHY_MAX_CHARS = 1000
+"""How much of a storage error's text reaches the model (a driver's error may quote the
+whole statement and its parameters)."""
+
+
+def _dropped(thread_id: str, call_id: str, refused: Exception) -> None:
+    log.warning("result of call %s of thread %s dropped: %s", call_id, thread_id, refused)
+
+
+def _why(error: Exception) -> str:
+    if isinstance(error, MessageRejected):
+        return error.reason
+    text = f"{type(error).__name__}: {error}"
+    return text if len(text) <= _WHY_MAX_CHARS else f"{text[:_WHY_MAX_CHARS]} …"
+
+
+def _refusal_result(error: Exception) -> str:
+    """The error result that answers a call whose own result was refused or not stored."""
+    if isinstance(error, MessageRejected):
+        return f"Error: the tool's result was refused: {_why(error)}"
+    return f"Error: the tool's result could not be stored: {_why(error)}"
 
 
 def _run(

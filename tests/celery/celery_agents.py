@@ -18,7 +18,7 @@ from celery.signals import worker_ready
 
 from dormant import Agent, ToolContext, tool
 from dormant.demo import triage_script
-from dormant.errors import ModelFatal
+from dormant.errors import ModelError, ModelFatal, ModelRetryable
 from dormant.messages import Item, ToolResult, UserText
 from dormant.models import Completion, ModelRequest, ScriptedModel, call, reply
 from dormant.models.base import ChunkSink
@@ -106,16 +106,19 @@ def _napper(history: Sequence[Item]) -> Completion:
 
 @dataclass
 class _Flaky:
-    """Fails the first ``failures`` completions of each thread (all of them if negative)."""
+    """Fails the first ``failures`` completions of each thread (all of them if negative):
+    with ``ModelRetryable`` (an outage) or ``ModelFatal`` (the provider refusing the
+    deployment's key, which stalls the thread at once)."""
 
     failures: int
+    error: type[ModelError] = ModelRetryable
     name: str = "flaky"
     context_window: int = 128_000
 
     def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
         calls = _redis().incr(_key("calls", request.thread_id))
         if self.failures < 0 or calls <= self.failures:
-            raise ModelFatal(f"provider refused call {calls} for {request.thread_id}")
+            raise self.error(f"provider refused call {calls} for {request.thread_id}")
         return reply(f"answered on call {calls}")
 
 
@@ -157,6 +160,19 @@ def watch_pull_requests(repo: str) -> str:
     return f"Watching {repo} for new pull requests."
 
 
+@tool
+def dump_table(table: str) -> str:
+    """Every row of a table: 300 KB, over ``max_message_bytes`` (256 KiB)."""
+    _redis().incr(_key("runs", "dump_table"))
+    return "r" * 300_000
+
+
+def _dump(history: Sequence[Item]) -> Completion:
+    if isinstance(_last(history), ToolResult):
+        return reply("done")
+    return reply("dumping", call("dump_table", table="orders"))
+
+
 echo = Agent("echo", model=_Recorded(ScriptedModel(_echo)))
 calc = Agent("calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.05), tools=[add])
 slow_calc = Agent("slow_calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.3), tools=[add])
@@ -168,12 +184,13 @@ triage = Agent(
 )
 
 flaky = Agent("flaky", model=_Flaky(failures=1))
-broken = Agent("broken", model=_Flaky(failures=-1))
+broken = Agent("broken", model=_Flaky(failures=-1, error=ModelFatal))
 buggy = Agent("buggy", model=_Buggy())
 
 picky = Agent("picky", model=ScriptedModel(_picky))
+dumper = Agent("dumper", model=ScriptedModel(_dump), tools=[dump_table])
 
-AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy, picky]
+AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy, picky, dumper]
 
 
 @worker_ready.connect

@@ -14,7 +14,7 @@ from dormant.stores.base import InboxState, ThreadStatus
 def test_a_failed_completion_is_retried_and_a_hopeless_thread_stalls(
     deploy: Callable[..., Deployment],
 ) -> None:
-    d = deploy()
+    d = deploy(DORMANT_MODEL_ATTEMPTS="1")  # one attempt a slice: Celery retries the slice
     worker = d.start_worker("w1", concurrency=4)
     d.start_beat()
     d.wait_ready(worker)
@@ -39,7 +39,9 @@ def test_a_failed_completion_is_retried_and_a_hopeless_thread_stalls(
         poll_s=0.1,
     )
     info = client.thread(broken)
-    assert "provider refused" in info.last_error
+    assert "ModelFatal: provider refused call 1" in info.last_error
+    assert info.failures == 1  # a provider refusing the key stalls at once, not after 5 tries
+    assert int(d.redis.get(d.key("calls", broken)) or 0) == 1
     assert client.history(broken) == []  # the user text was not consumed by a failure...
     assert [r.state for r in client.store.inbox(broken)] == [InboxState.PENDING]  # ...kept
 
