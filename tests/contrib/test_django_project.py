@@ -81,3 +81,38 @@ def test_a_new_project_built_from_django_md_migrates_tests_and_runs_dormant(
         assert not database_exists(f"test_{name}")
         refused = project.run(*run, "dormant", "launch", "suport", "hi", expect=1)
         assert "suport" in refused
+
+
+def test_a_mistyped_agent_launched_from_django_is_refused_at_once(tmp_path: Path) -> None:
+    project = Project(tmp_path, {})
+    (tmp_path / "myagents.py").write_text(
+        "from dormant import Agent\n\nsupport = Agent('support', model='openai:gpt-4.1-mini')\n"
+    )
+    output = project.run(sys.executable, "-c", _LAUNCH_A_MISTYPED_AGENT)
+    assert "refused: unknown agent 'suport'" in output and "support" in output
+    assert not (tmp_path / "shop.db").exists()  # nothing was stored
+
+
+_LAUNCH_A_MISTYPED_AGENT = """
+import django
+from django.conf import settings
+
+settings.configure(
+    INSTALLED_APPS=["dormant.contrib.django"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "shop.db"}},
+    DORMANT={"AGENTS": "myagents", "SECRET_KEY": "s", "REDIS_URL": "redis://127.0.0.1:1/0"},
+)
+django.setup()
+
+from celery import Celery
+
+import dormant.contrib.django
+from dormant.errors import UnknownAgent
+
+app = Celery("proj", broker="redis://127.0.0.1:1/0", set_as_current=False)
+dormant.contrib.django.install(app)
+try:
+    dormant.contrib.django.dormant_client(app).launch_on_commit("suport", "hi")
+except UnknownAgent as error:
+    print("refused:", error)
+"""
