@@ -2,27 +2,39 @@
 
 Each command imports what it needs when it runs, so ``dormant --help`` loads no database,
 Celery or model code. Every command is wrapped in ``reported`` (``errors.py``): a
-failure is one line on stderr and a documented exit code.
+failure is one line on stderr and a documented exit code. ``run_hosted`` runs the same
+commands with a host framework's settings (``python manage.py dormant``, ``flask dormant``).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from dormant.cli.connect import checked_database_url, env_settings, open_client, open_store, redact
+from dormant.cli.connect import (
+    checked_database_url,
+    env_settings,
+    hosted_settings,
+    is_hosted,
+    open_client,
+    open_store,
+    redact,
+)
 from dormant.cli.errors import DEBUG_FLAG, reported, say
 from dormant.cli.retention import prune, quarantine, retry
 from dormant.cli.serve import serve
 from dormant.cli.workers import beat, worker
 
 if TYPE_CHECKING:
+    from dormant.settings import Settings
     from dormant.stores.base import ThreadStatus
 
-__all__ = ["app"]
+__all__ = ["app", "run_hosted"]
 
 app = typer.Typer(
     help="dormant: a durable runtime for LLM agents on Celery.",
@@ -235,9 +247,44 @@ def _rich(renderable: Any) -> None:
     Console().print(renderable)
 
 
+def _own_celery_app(command: Callable[..., None]) -> Callable[..., None]:
+    """Under a host framework the worker and beat are the project's Celery app's: a
+    dormant-only app would run none of the project's tasks nor read its Celery settings."""
+
+    @functools.wraps(command)
+    def run(*args: Any, **kwargs: Any) -> None:
+        if is_hosted():
+            from dormant.errors import ConfigurationError
+
+            raise ConfigurationError(
+                f"here {command.__name__} is your project's Celery app's: run "
+                f"`celery -A <your Celery app> {command.__name__}` "
+                "(docs/django.md, docs/flask.md)"
+            )
+        command(*args, **kwargs)
+
+    return run
+
+
+def run_hosted(args: Sequence[str], *, prog_name: str, settings: Callable[[], Settings]) -> int:
+    """Run one ``dormant`` command (``args`` as typed after ``dormant``) with the settings
+    the host framework supplies; its exit code. Behind ``python manage.py dormant`` and
+    ``flask dormant``, so a project's commands reach the database its web processes use."""
+    with hosted_settings(settings):
+        try:
+            app(args=list(args), prog_name=prog_name)
+        except SystemExit as done:
+            code = done.code
+            if code is None or isinstance(code, int):
+                return code or 0
+            typer.echo(code, err=True)
+            return 1
+    return 0
+
+
 app.command()(reported(retry))
 app.command()(reported(quarantine))
 app.command()(reported(prune))
-app.command()(reported(worker))
-app.command()(reported(beat))
+app.command()(reported(_own_celery_app(worker)))
+app.command()(reported(_own_celery_app(beat)))
 app.command()(reported(serve))

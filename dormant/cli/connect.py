@@ -1,11 +1,16 @@
 """How a command reaches the deployment: its settings, the store it reads, a client.
 
 Each imports the database or Celery code only when called, so ``dormant --help`` pays for
-none of it.
+none of it. Settings come from the ``DORMANT_*`` variables, or from the host framework when
+a command runs under ``python manage.py dormant`` or ``flask dormant`` (``hosted_settings``):
+there the framework's configuration is the one place, as it is for the web processes.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -17,16 +22,40 @@ __all__ = [
     "check_database",
     "checked_database_url",
     "env_settings",
+    "hosted_settings",
+    "is_hosted",
     "open_client",
     "open_store",
     "redact",
 ]
 
 
+_HOST_SETTINGS: ContextVar[Callable[[], Settings] | None] = ContextVar(
+    "dormant_host_settings", default=None
+)
+
+
+@contextmanager
+def hosted_settings(settings: Callable[[], Settings]) -> Iterator[None]:
+    """Commands run inside take their settings from ``settings`` (Django's or Flask's),
+    not from the process environment."""
+    token = _HOST_SETTINGS.set(settings)
+    try:
+        yield
+    finally:
+        _HOST_SETTINGS.reset(token)
+
+
+def is_hosted() -> bool:
+    return _HOST_SETTINGS.get() is not None
+
+
 def env_settings() -> Settings:
+    """The command's settings: the host framework's, else the ``DORMANT_*`` variables."""
     from dormant.settings import Settings
 
-    return Settings.from_env()
+    hosted = _HOST_SETTINGS.get()
+    return hosted() if hosted is not None else Settings.from_env()
 
 
 def open_client(agents_module: str | None = None) -> Client:

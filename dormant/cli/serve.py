@@ -12,11 +12,11 @@ def serve(
     port: int = typer.Option(8000, help="Port to listen on."),
 ) -> None:
     """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS) and /healthz, /readyz."""
+    from dormant.cli.connect import env_settings
     from dormant.client import Client
     from dormant.errors import DormantError
     from dormant.http.serve import asgi_app
     from dormant.http.webhooks import WebhookReceiver, github_source
-    from dormant.settings import Settings
 
     try:
         import uvicorn
@@ -24,7 +24,7 @@ def serve(
         typer.echo("error: dormant serve needs uvicorn: pip install 'dormant[serve]'", err=True)
         raise typer.Exit(1) from None
     try:
-        settings = Settings.from_env().require_secret()
+        settings = env_settings().require_secret()
         sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
         client = Client.from_settings(settings)
     except DormantError as error:

@@ -17,6 +17,7 @@ runs the agents) and gives ``dormant.client``: wakes go through ``celery_app``, 
 ``launch_on_commit`` follows ``db.session``'s commit. ``app.config["DORMANT"]`` (or
 ``DORMANT_*`` keys) takes the names of docs/celery.md; ``DATABASE_URL`` defaults to
 ``SQLALCHEMY_DATABASE_URI`` and ``REDIS_URL`` to the Celery broker when it is Redis.
+``init_app`` also adds ``flask dormant ...``: every ``dormant`` command, with these settings.
 """
 
 from __future__ import annotations
@@ -25,7 +26,9 @@ import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+import click
 from flask import Flask, current_app
+from flask.cli import with_appcontext
 
 from dormant.contrib._settings import redis_url_of, settings_from
 from dormant.contrib.sqlalchemy import session_on_commit
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
     from celery import Celery
     from flask_sqlalchemy import SQLAlchemy
 
-    from dormant.agents import AgentSource
+    from dormant.agents import AgentRegistry, AgentSource
     from dormant.client import Client
 
 __all__ = ["Dormant", "settings_from_config"]
@@ -59,12 +62,20 @@ def settings_from_config(config: Mapping[str, Any], celery_app: Celery | None = 
 
 
 class _State:
-    """One Flask app's dormant: its settings, Celery app, session and (lazily) client."""
+    """One Flask app's dormant: its settings, Celery app, session, agents and (lazily)
+    client."""
 
-    def __init__(self, settings: Settings, celery_app: Celery | None, db: SQLAlchemy | None):
+    def __init__(
+        self,
+        settings: Settings,
+        celery_app: Celery | None,
+        db: SQLAlchemy | None,
+        agents: AgentSource,
+    ):
         self.settings = settings
         self.celery_app = celery_app
         self.db = db
+        self.agents = agents
         self.lock = threading.Lock()
         self.client: Client | None = None
 
@@ -91,13 +102,18 @@ class Dormant:
         db: SQLAlchemy | None = None,
         agents: AgentSource = None,
     ) -> None:
-        """Read ``app.config``; with ``celery_app``, install dormant's tasks on it."""
+        """Read ``app.config``; with ``celery_app``, install dormant's tasks on it; add
+        ``flask dormant``. ``agents`` (else ``DORMANT["AGENTS"]``) also lets the client
+        refuse a mistyped agent name at launch."""
         settings = settings_from_config(app.config, celery_app)
+        if isinstance(agents, str) and not settings.agents_module:
+            settings = settings.with_(agents_module=agents)  # `flask dormant launch` checks
         if celery_app is not None:
             from dormant.worker import install
 
             install(celery_app, agents, settings=settings)
-        app.extensions["dormant"] = _State(settings, celery_app, db)
+        app.extensions["dormant"] = _State(settings, celery_app, db, agents)
+        app.cli.add_command(_dormant_command(self))
 
     def settings(self, app: Flask | None = None) -> Settings:
         return self._state(app).settings
@@ -120,9 +136,12 @@ class Dormant:
             def on_commit(fn: Any) -> None:
                 session_on_commit(db.session)(fn)  # this request's session
 
+        agents = _agents(state)
         if state.celery_app is not None:
-            return Client.from_celery(state.celery_app, state.settings, on_commit=on_commit)
-        return Client.from_settings(state.settings, on_commit=on_commit)
+            return Client.from_celery(
+                state.celery_app, state.settings, agents=agents, on_commit=on_commit
+            )
+        return Client.from_settings(state.settings, agents=agents, on_commit=on_commit)
 
     def _state(self, app: Flask | None) -> _State:
         app = app or current_app
@@ -132,3 +151,34 @@ class Dormant:
                 f"dormant is not set up on Flask app {app.name!r}: call init_app"
             )
         return state
+
+
+def _agents(state: _State) -> AgentRegistry | None:
+    from dormant.agents import load_agents
+
+    if state.agents is None and not state.settings.agents_module:
+        return None  # nowhere to learn the agents: names are checked by the worker
+    return load_agents(state.agents, state.settings)
+
+
+def _dormant_command(extension: Dormant) -> click.Command:
+    """``flask dormant ...``: the ``dormant`` command with the app's settings, so it reaches
+    the app's database and broker (the plain command reads ``DORMANT_*`` variables)."""
+
+    @click.command(
+        "dormant",
+        context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+        add_help_option=False,  # --help is the dormant command's
+        help="dormant's command line, configured by app.config (try: flask dormant --help).",
+    )
+    @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+    @with_appcontext
+    def dormant(args: tuple[str, ...]) -> None:
+        from dormant.cli.app import run_hosted
+
+        app = current_app._get_current_object()  # type: ignore[attr-defined]
+        code = run_hosted(args, prog_name="flask dormant", settings=lambda: extension.settings(app))
+        if code:
+            raise SystemExit(code)
+
+    return dormant

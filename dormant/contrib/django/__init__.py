@@ -11,12 +11,14 @@ its launches tied to ``transaction.on_commit``.
 ``dormant_client(app).launch_on_commit("triage", text)``. ``DORMANT`` takes the names of
 docs/celery.md without ``DORMANT_``; ``DATABASE_URL`` defaults to ``DATABASES["default"]``
 (PostgreSQL or SQLite) and ``REDIS_URL`` to the Celery broker when it is Redis. Django is
-imported only when these functions run.
+imported only when these functions run. ``python manage.py dormant ...`` runs the
+``dormant`` command with these settings (``management/commands/dormant.py``).
 """
 
 from __future__ import annotations
 
-import functools
+import threading
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy.engine import URL
@@ -28,10 +30,10 @@ from dormant.settings import Settings
 if TYPE_CHECKING:
     from celery import Celery
 
-    from dormant.agents import AgentSource
+    from dormant.agents import AgentRegistry, AgentSource
     from dormant.client import Client
 
-__all__ = ["database_url", "dormant_client", "install", "settings"]
+__all__ = ["close_clients", "database_url", "dormant_client", "install", "settings"]
 
 
 def settings(celery_app: Celery | None = None) -> Settings:
@@ -84,15 +86,83 @@ def install(celery_app: Celery, agents: AgentSource = None) -> None:
     (``proj/celery.py`` is imported before Django's settings are ready)."""
     from dormant.worker import install as install_worker
 
+    _CLIENTS.agents_of[celery_app] = agents
     install_worker(celery_app, agents, settings=lambda: settings(celery_app))
 
 
-@functools.cache
 def dormant_client(celery_app: Celery) -> Client:
     """The process's ``Client``: wakes go through ``celery_app`` (its broker settings), and
-    ``launch_on_commit``/``send_on_commit`` use ``transaction.on_commit``."""
-    from django.db import transaction
+    ``launch_on_commit``/``send_on_commit`` use ``transaction.on_commit``.
 
-    from dormant.client import Client
+    It knows the agents (those given to ``install``, else ``DORMANT["AGENTS"]``), so a
+    mistyped agent name is refused at launch instead of stalling the thread on a worker.
+    """
+    return _CLIENTS.get(celery_app)
 
-    return Client.from_celery(celery_app, settings(celery_app), on_commit=transaction.on_commit)
+
+def close_clients() -> None:
+    """Close the process's clients (the next ``dormant_client`` builds a new one).
+
+    Called before Django creates, clones or drops a database (it then connects to none:
+    ``manage.py test``'s set-up and teardown): a client's pooled connection to the test
+    database would make ``DROP DATABASE`` fail, and a client built before the test database
+    existed would keep writing to the real one."""
+    _CLIENTS.close_all()
+
+
+class _Clients:
+    """One client per Celery app in this process, and the agents ``install`` was given."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.clients: dict[int, tuple[Celery, Client]] = {}
+        self.agents_of: weakref.WeakKeyDictionary[Celery, AgentSource] = weakref.WeakKeyDictionary()
+
+    def get(self, celery_app: Celery) -> Client:
+        with self.lock:
+            found = self.clients.get(id(celery_app))
+            if found is None:
+                found = (celery_app, self._build(celery_app))
+                self.clients[id(celery_app)] = found
+            return found[1]
+
+    def close_all(self) -> None:
+        with self.lock:
+            clients = [client for _, client in self.clients.values()]
+            self.clients.clear()
+        for client in clients:
+            client.close()
+
+    def _build(self, celery_app: Celery) -> Client:
+        from django.db import transaction
+        from django.db.backends.signals import connection_created
+
+        from dormant.client import Client
+
+        connection_created.connect(_close_before_database_change, dispatch_uid="dormant.clients")
+        current = settings(celery_app)
+        return Client.from_celery(
+            celery_app,
+            current,
+            agents=self._agents(celery_app, current),
+            on_commit=transaction.on_commit,
+        )
+
+    def _agents(self, celery_app: Celery, current: Settings) -> AgentRegistry | None:
+        from dormant.agents import load_agents
+
+        source = self.agents_of.get(celery_app)
+        if source is None and not current.agents_module:
+            return None  # nowhere to learn the agents: names are checked by the worker
+        return load_agents(source, current)
+
+
+_CLIENTS = _Clients()
+
+
+def _close_before_database_change(connection: Any = None, **_: Any) -> None:
+    """Django connects to no database only to create, clone or drop one."""
+    from django.db.backends.base.base import NO_DB_ALIAS
+
+    if getattr(connection, "alias", None) == NO_DB_ALIAS:
+        close_clients()

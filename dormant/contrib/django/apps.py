@@ -32,7 +32,7 @@ def _upgrade(using: str = "default", verbosity: int = 1, **_: Any) -> None:
 
     if using != "default":
         return
-    url = settings().database_url
-    upgrade(url)
+    current = settings()
+    upgrade(current.database_url, table_prefix=current.table_prefix)
     if verbosity >= 1:
         print("  dormant: schema is at its newest migration")

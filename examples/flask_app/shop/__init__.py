@@ -31,7 +31,8 @@ def create_app() -> Flask:
     def init_db() -> None:
         """Create the shop's tables and dormant's, in the one database."""
         db.create_all()
-        upgrade(dormant.settings(app).database_url)
+        settings = dormant.settings(app)
+        upgrade(settings.database_url, table_prefix=settings.table_prefix)
         print("shop and dormant tables are ready")
 
     return app
