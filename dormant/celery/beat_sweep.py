@@ -101,21 +101,16 @@ class BeatSweeper:
         self._make_parts = parts
         self._parts: SweepParts | None = None
         self.interval_s = interval_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="dormant-sweep", daemon=True)
 
     def start(self) -> None:
-        self._thread.start()
-
-    def stop(self, timeout_s: float = 10.0) -> None:
-        self._stop.set()
-        self._thread.join(timeout_s)
+        """Sweep now, then every interval, until the process exits (beat's end)."""
+        threading.Thread(target=self._loop, name="dormant-sweep", daemon=True).start()
 
     def _loop(self) -> None:
-        next_at = time.monotonic()
-        while not self._stop.wait(max(0.0, next_at - time.monotonic())):
+        while True:
             next_at = time.monotonic() + self.interval_s
             self.sweep()
+            time.sleep(max(0.0, next_at - time.monotonic()))
 
     def sweep(self) -> Swept | None:
         """One turn; None if it was another sweep's turn or it failed (logged)."""
