@@ -108,9 +108,9 @@ def install(
 
     Only adds: the three tasks, the three queues, routes for dormant's task names and the
     sweep, which runs in the app's beat process (``celery/beat_sweep.py``); the app's own
-    defaults are left alone. The queues join the set a
-    worker started without ``-Q`` consumes (Celery 5 fixes that set when the queue table is
-    built, so a plain ``add`` would only route to them); ``-Q`` and ``-X`` still choose.
+    defaults are left alone. The queues join the set a worker started without ``-Q``
+    consumes (Celery 5 fixes that set when the queue table is built, so a plain ``add``
+    would only route to them); ``-Q`` and ``-X`` still choose.
     The tasks carry the options that matter per task (late ack, JSON); run the workers that
     consume dormant's queues with ``worker_prefetch_multiplier = 1`` and ``-P threads``.
     """
