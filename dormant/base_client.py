@@ -55,8 +55,8 @@ __all__ = ["BaseClient", "Waker", "new_message_id", "new_thread_id"]
 
 log = logging.getLogger("dormant.client")
 
-Waker = Callable[[str, int], None]
-"""Arranges a slice for (thread_id, priority)."""
+Waker = Callable[[str, int], bool]
+"""Arranges a slice for (thread_id, priority); False if one at least as urgent is queued."""
 
 
 def new_message_id() -> str:
@@ -85,8 +85,9 @@ class BaseClient(ABC):
         """Set by runtimes that can see leases: enables ``steering="reject"`` at send time."""
 
     @abstractmethod
-    def wake(self, thread_id: str, priority: int) -> None:
-        """Arrange for a slice of ``thread_id`` to run."""
+    def wake(self, thread_id: str, priority: int) -> bool:
+        """Arrange for a slice of ``thread_id`` to run; False if one at least as urgent is
+        already queued."""
 
     @abstractmethod
     def events(self, thread_id: str) -> list[Event]:

@@ -146,8 +146,8 @@ class Client(BaseClient):
             client.lease = RedisLease(redis, settings.key_prefix)
         return client
 
-    def wake(self, thread_id: str, priority: int) -> None:
-        self._waker(thread_id, priority)
+    def wake(self, thread_id: str, priority: int) -> bool:
+        return self._waker(thread_id, priority)
 
     def events(self, thread_id: str) -> list[Event]:
         """The thread's recent events (not chunks), oldest first; lost if Redis is flushed."""
@@ -202,13 +202,16 @@ class Client(BaseClient):
         from dormant.contrib.sqlalchemy import bind
 
         store, after_commit = bind(self.store, connection)
+
+        def wake_after_commit(thread_id: str, priority: int) -> bool:
+            after_commit(lambda: self._waker(thread_id, priority))
+            return True  # sent when the caller commits
+
         return Client(
             store,
             self.dedup,
             self.settings,
-            waker=lambda thread_id, priority: after_commit(
-                lambda: self._waker(thread_id, priority)
-            ),
+            waker=wake_after_commit,
             events=self._events,
             agents=self.agents,
         )

@@ -166,12 +166,13 @@ class LocalSystem(BaseClient):
 
     # the Dispatcher protocol -------------------------------------------------------------
 
-    def wake(self, thread_id: str, priority: int) -> None:
+    def wake(self, thread_id: str, priority: int) -> bool:
         with self._lock:
             if self._queued.get(thread_id, -1) >= priority:
-                return  # a queued slice at least as urgent drains everything before it starts
+                return False  # a queued slice at least as urgent drains everything first
             self._queued[thread_id] = priority
         self._submit(self._run_slice, thread_id, priority)
+        return True
 
     def dispatch(self, row: OutboxRow) -> None:
         self._submit(self._run_tool, row, Priority.BACKGROUND)
@@ -269,4 +270,5 @@ class LocalSystem(BaseClient):
 
     def _sweep_once(self, grace_s: float, lost_after_s: float | None = None) -> bool:
         lost_after_s = self.settings.visibility_timeout_s if lost_after_s is None else lost_after_s
-        return sweep_once(self.store, self.lease, self, datetime.now(UTC), grace_s, lost_after_s)
+        swept = sweep_once(self.store, self.lease, self, datetime.now(UTC), grace_s, lost_after_s)
+        return bool(swept)

@@ -7,9 +7,10 @@ FAILURE with the reason; the message is acked like any ended task (the inbox row
 SQL; the store's backoff, the sweeper or ``dormant retry`` drive the next try), and the
 worker logs one line, no traceback: it is an expected outcome. A model failure with a short
 backoff is retried by Celery with that countdown. ``dormant.tool(...)`` runs
-``execute_outbox``; ``dormant.sweep()`` runs ``sweep_once`` without task events and logs
-only when it did something. A test crash point kills the worker process with SIGKILL, so
-tests exercise real deaths: the unacknowledged task and the lease are left behind.
+``execute_outbox``. ``dormant.sweep()`` runs one sweep turn without task events: beat sweeps
+itself now (``celery/beat_sweep.py``) and sends no such task; it stays for a beat of an
+earlier release during a rolling upgrade. A test crash point kills the worker process with
+SIGKILL, so tests exercise real deaths: the unacknowledged task and the lease are left behind.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from celery import Celery, Task
 
 from dormant.agents import AgentRegistry, AgentSource, load_agents
+from dormant.celery.beat_sweep import SweepParts, sweep_turn
 from dormant.celery.config import PRUNE_TASK, SLICE_TASK, SWEEP_TASK, TOOL_TASK
 from dormant.celery.dispatch import CeleryDispatcher
 from dormant.client import Client
@@ -45,7 +47,6 @@ from dormant.runtime.slice import (
     Waiting,
     run_slice,
 )
-from dormant.runtime.sweeper import sweep_once
 from dormant.settings import Settings
 from dormant.stores.base import OutboxRow
 from dormant.stores.redis import (
@@ -84,7 +85,7 @@ class Runtime:
     client: Client
     """The tools' sink: their results and events go in like any client's messages."""
     deps: SliceDeps
-    sweeps: RedisSweepTurns
+    sweep: SweepParts
 
     @classmethod
     def build(cls, celery_app: Celery, settings: Settings, agents: AgentRegistry) -> Runtime:
@@ -106,8 +107,8 @@ class Runtime:
         sink = Client(store, dedup, settings, waker=dispatcher.wake, events=events, agents=agents)
         ending = RedisSliceEnd(client, lease, dedup, events)
         deps = SliceDeps(store, lease, dedup, dispatcher, events, agents, settings, ending=ending)
-        sweeps = RedisSweepTurns(client, prefix)
-        return cls(settings, store, marks, dispatcher, sink, deps, sweeps)
+        sweep = SweepParts(settings, store, lease, dispatcher, RedisSweepTurns(client, prefix))
+        return cls(settings, store, marks, dispatcher, sink, deps, sweep)
 
 
 class LazyRuntime:
@@ -248,28 +249,16 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                 return "missing"
         return "done"
 
-    # Every sweep_interval_s: no task events (it would be most of Flower's rows) and no
-    # log line unless it re-drove something.
+    # Sent by a beat of an earlier release only: no task events, no log line unless it
+    # re-drove something.
     @celery_app.task(name=SWEEP_TASK, send_events=False, **options)  # type: ignore[untyped-decorator]
     def sweep_task() -> str:
-        rt = runtime()
-        settings = rt.settings
-        if not rt.sweeps.take(settings.sweep_interval_s / 2):
+        swept = sweep_turn(runtime().sweep, datetime.now(UTC))
+        if swept is None:
             return "skipped: another sweep ran just now"
-        now = datetime.now(UTC)
-        # A tool task no worker started this long after its dispatch was lost by the broker
-        # (a flushed or restarted Redis); a started one that died is found by its claim.
-        lost_after_s = min(
-            settings.tool_start_timeout_s, settings.visibility_timeout_s + settings.outbox_grace_s
-        )
-        woke = sweep_once(
-            rt.store, rt.deps.lease, rt.dispatcher, now, settings.outbox_grace_s, lost_after_s
-        )
-        if woke:
-            log.info("sweep re-drove work: due timers, stranded outbox rows or unapplied inbox")
-            return "woke"
-        log.debug("sweep found nothing to do")
-        return "quiet"
+        if swept:
+            log.info("sweep: %s", swept.summary())
+        return swept.summary()
 
     @celery_app.task(name=PRUNE_TASK, **options)  # type: ignore[untyped-decorator]
     def prune_task() -> str:

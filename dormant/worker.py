@@ -41,12 +41,10 @@ from dormant.celery.config import (
     broker_transport_options,
     celery_config,
     dormant_queues,
-    sweep_expires_s,
 )
 from dormant.celery.dispatch import CeleryDispatcher, client_dispatcher
 from dormant.errors import ConfigurationError
 from dormant.settings import Settings
-from dormant.stores.base import Priority
 
 __all__ = [
     "PRUNE_TASK",
@@ -109,12 +107,14 @@ def install(
     """Register dormant's tasks on an existing app (Django's ``proj/celery.py``).
 
     Only adds: the three tasks, the three queues, routes for dormant's task names and the
-    sweep's beat entry; the app's own defaults are left alone. The queues join the set a
-    worker started without ``-Q`` consumes (Celery 5 fixes that set when the queue table is
-    built, so a plain ``add`` would only route to them); ``-Q`` and ``-X`` still choose.
+    sweep, which runs in the app's beat process (``celery/beat_sweep.py``); the app's own
+    defaults are left alone. The queues join the set a worker started without ``-Q``
+    consumes (Celery 5 fixes that set when the queue table is built, so a plain ``add``
+    would only route to them); ``-Q`` and ``-X`` still choose.
     The tasks carry the options that matter per task (late ack, JSON); run the workers that
     consume dormant's queues with ``worker_prefetch_multiplier = 1`` and ``-P threads``.
     """
+    from dormant.celery.beat_sweep import start_on_beat
     from dormant.tasks import LazyRuntime, register_tasks
 
     resolve = _settings_resolver(settings)
@@ -128,6 +128,7 @@ def install(
         return runtimes[0].get()
 
     register_tasks(celery_app, runtime)
+    start_on_beat(celery_app, resolve)
 
     def add_routing(**_: Any) -> None:
         _add_routing(celery_app, resolve())
@@ -194,19 +195,10 @@ def _add_routing(celery_app: Celery, settings: Settings) -> None:
         existing = (existing,)
     conf.task_routes = (ours, *existing)
     _consume_ours(celery_app)
-    conf.beat_schedule = {
-        **(conf.beat_schedule or {}),
-        SWEEP_TASK: {
-            "task": SWEEP_TASK,
-            "schedule": settings.sweep_interval_s,
-            "options": {
-                "queue": QUEUE_BACKGROUND,
-                "priority": broker_priority(celery_app, Priority.INTERACTIVE),
-                "expires": sweep_expires_s(settings),
-            },
-        },
-    }
+    # The sweep is not a beat entry: beat runs it itself (celery/beat_sweep.py), so an idle
+    # deployment publishes nothing. Pruning is an hourly task, opt-in.
     if settings.prune_older_than_s > 0:  # retention is opt-in: deleting is the user's call
+        conf.beat_schedule = {**(conf.beat_schedule or {})}
         conf.beat_schedule[PRUNE_TASK] = {
             "task": PRUNE_TASK,
             "schedule": settings.prune_interval_s,

@@ -42,8 +42,9 @@ class Harness(BaseClient):
         )
 
     # Dispatcher and EventSink
-    def wake(self, thread_id: str, priority: int) -> None:
+    def wake(self, thread_id: str, priority: int) -> bool:
         self.woken.append(thread_id)
+        return True
 
     def dispatch(self, row: OutboxRow) -> None:
         self.outbox.append(row)

@@ -2,7 +2,9 @@
 
 No Docker engine or cluster runs here, so the Compose file is validated against the Compose
 specification's JSON schema (tests/deploy/compose-spec.json, from compose-spec/compose-spec
-at 170098ba), the Kubernetes manifests structurally, and every ``dormant`` command line is
+at 170098ba), the Kubernetes manifests against Kubernetes' own schemas (kubernetes-validate,
+strict: an unknown field fails; KEDA's ScaledObject, a custom resource, structurally), the
+Dockerfile and ``.dockerignore`` by what they say, and every ``dormant`` command line is
 parsed by the real CLI (``[...args, "--help"]``: an unknown command or option fails).
 """
 
@@ -10,11 +12,14 @@ from __future__ import annotations
 
 import configparser
 import json
+import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import kubernetes_validate
 import pytest
 import yaml
 from kombu.transport.redis import Channel
@@ -23,7 +28,8 @@ from typer.testing import CliRunner
 from dormant.celery.config import QUEUES, REDIS_PRIORITY_STEPS
 from dormant.cli import app
 
-DEPLOY = Path(__file__).parent.parent / "deploy"
+ROOT = Path(__file__).parent.parent
+DEPLOY = ROOT / "deploy"
 KUBERNETES = DEPLOY / "kubernetes"
 CELERY_SUBCOMMANDS = {"worker", "beat", "flower", "inspect"}
 
@@ -171,6 +177,97 @@ def test_keda_scales_workers_to_zero_on_every_redis_list_of_dormants_queues() ->
         channel._q_for_pri(queue, step) for queue in QUEUES for step in REDIS_PRIORITY_STEPS
     }
     assert lists == expected
+
+
+KUBERNETES_VERSION = "1.31.0"
+"""The oldest Kubernetes release still in wide support when these manifests were written."""
+
+
+def test_every_kubernetes_manifest_is_valid_against_the_kubernetes_schemas() -> None:
+    checked = 0
+    for doc in manifests():
+        if doc["kind"] == "ScaledObject":
+            continue  # KEDA's custom resource: no schema ships with Kubernetes
+        kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
+        checked += 1
+    assert checked == len(manifests()) - 1
+    worker = by_kind("Deployment")["dormant-worker"]
+    typo = {**worker, "spec": {**worker["spec"], "replica": 1}}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(typo, KUBERNETES_VERSION, strict=True)
+
+
+def test_worker_probes_ping_the_pods_own_node_without_importing_the_agents() -> None:
+    """Importing the agents module lists every MCP server (twice a probe's time) and fails
+    when one is down, which would restart healthy workers: the probe empties DORMANT_AGENTS,
+    so ``dormant.worker`` builds its app without agents (tests/celery/test_celery_probe.py
+    runs the command against a real worker)."""
+    worker = containers(by_kind("Deployment")["dormant-worker"])[0]
+    for probe in ("livenessProbe", "readinessProbe"):
+        shell, flag, line = worker[probe]["exec"]["command"]
+        assert (shell, flag) == ("sh", "-c")
+        argv = shlex.split(line)
+        assert argv[0] == "DORMANT_AGENTS=", line
+        assert argv[1:6] == ["celery", "-A", "dormant.worker", "inspect", "ping"], line
+        assert argv[argv.index("-d") + 1] == "celery@$HOSTNAME", line
+
+
+def test_every_pod_runs_as_the_images_numeric_non_root_user() -> None:
+    users = re.findall(r"^USER (\S+)$", (DEPLOY / "Dockerfile").read_text(), re.MULTILINE)
+    assert len(users) == 1 and re.fullmatch(r"[1-9]\d*(:\d+)?", users[0]), users
+    for doc in [*by_kind("Deployment").values(), *by_kind("Job").values()]:
+        pod = doc["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, doc["metadata"]["name"]
+
+
+# the image ---------------------------------------------------------------------------
+
+
+def test_the_image_installs_the_locked_dependencies_with_uv_and_the_extras_it_runs() -> None:
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    syncs = re.findall(r"^RUN uv sync (.*)$", dockerfile, re.MULTILINE)
+    assert len(syncs) == 2, dockerfile
+    for sync in syncs:
+        argv = shlex.split(sync)
+        assert "--frozen" in argv and "--no-dev" in argv, sync  # exactly uv.lock's versions
+        extras = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--extra"}
+        assert extras == {"serve", "flower", "mcp"}, sync  # dormant serve, Flower, MCP tools
+        assert extras <= set(pyproject["project"]["optional-dependencies"])
+    assert "pip install ." not in dockerfile and 'pip install ".[' not in dockerfile
+    uv_pin = re.search(r'"uv==([\d.]+)"', (ROOT / "Makefile").read_text())
+    assert uv_pin and f'"uv=={uv_pin[1]}"' in dockerfile  # the uv that wrote the lock
+
+
+def _docker_ignores(patterns: list[str], path: str) -> bool:
+    """Docker's rule, as far as these patterns use it: ``*`` within a path segment, ``**``
+    across segments, and a match on a directory leaves out everything under it."""
+    parts = path.split("/")
+    for pattern in patterns:
+        regex = re.escape(pattern).replace(r"\*\*/", "(?:.*/)?").replace(r"\*", "[^/]*")
+        if any(re.fullmatch(regex, "/".join(parts[:n])) for n in range(1, len(parts) + 1)):
+            return True
+    return False
+
+
+def test_the_docker_context_leaves_out_environments_databases_keys_and_secrets() -> None:
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    patterns = [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+    assert not [p for p in patterns if p.startswith("!")]  # the simple rule above holds
+    for left_out in (
+        ".venv/lib/python3.11/site-packages/celery/app.py",
+        ".uv/bin/uv",
+        ".git/HEAD",
+        "dormant-demo.db",
+        "dormant-demo.db.key",
+        "examples/django_app/shop.db",
+        "bench/.venv-langgraph/bin/python",
+        "dormant/__pycache__/worker.cpython-312.pyc",
+        "deploy/.env",
+    ):
+        assert _docker_ignores(patterns, left_out), left_out
+    for kept in ("pyproject.toml", "uv.lock", "README.md", "dormant/worker.py", "myapp/agents.py"):
+        assert not _docker_ignores(patterns, kept), kept
 
 
 # systemd -----------------------------------------------------------------------------

@@ -25,8 +25,9 @@ class _Recorder:
         self.dispatched: list[int] = []
         self.woken: list[str] = []
 
-    def wake(self, thread_id: str, priority: int) -> None:
+    def wake(self, thread_id: str, priority: int) -> bool:
         self.woken.append(thread_id)
+        return True
 
     def dispatch(self, row: OutboxRow) -> None:
         self.dispatched.append(row.id)

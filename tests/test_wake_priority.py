@@ -59,8 +59,9 @@ class _Wakes(Harness):
         super().__init__(*agents)
         self.wakes: list[tuple[str, int]] = []
 
-    def wake(self, thread_id: str, priority: int) -> None:
+    def wake(self, thread_id: str, priority: int) -> bool:
         self.wakes.append((thread_id, priority))
+        return True
 
 
 def _waiting_thread(h: _Wakes) -> tuple[str, str]:

@@ -34,13 +34,12 @@ __all__ = [
     "celery_config",
     "dormant_queues",
     "is_redis",
-    "sweep_expires_s",
 ]
 
 QUEUE_INTERACTIVE = "dormant.interactive"
 """Slices woken by user text."""
 QUEUE_BACKGROUND = "dormant.background"
-"""Slices woken by tool results, events and timers; the sweep."""
+"""Slices woken by tool results, events and timers."""
 QUEUE_TOOLS = "dormant.tools"
 QUEUES = (QUEUE_INTERACTIVE, QUEUE_BACKGROUND, QUEUE_TOOLS)
 SLICE_TASK = "dormant.slice"
@@ -58,18 +57,6 @@ and a RabbitMQ publisher confirm as well. After it the wake fails like a refused
 ``Client.send`` still returns: the message is stored, and the sweeper wakes the thread."""
 BROKER_CONNECT_TIMEOUT_S = 5.0
 """The longest a Redis broker may take to accept a connection."""
-SWEEP_EXPIRES_MIN_S = 60.0
-
-
-def sweep_expires_s(settings: Settings) -> float:
-    """How late a queued sweep may still run. Sweeps are idempotent, and a backlog is when
-    stranded work most needs one: a sweep that expired after one interval was dropped
-    whenever it waited longer than that behind busy slots, so under sustained load (the
-    queue drained slower than beat filled it) every sweep expired and no stranded thread
-    was ever woken again. Only sweeps queued through a long outage are dropped."""
-    return max(SWEEP_EXPIRES_MIN_S, 10 * settings.sweep_interval_s)
-
-
 _REDIS_SCHEMES = frozenset({"redis", "rediss", "sentinel", "redis+socket", "socket"})
 _AMQP_SCHEMES = frozenset({"amqp", "amqps", "pyamqp"})
 

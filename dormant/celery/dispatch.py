@@ -50,9 +50,9 @@ class CeleryDispatcher:
         self._labels = labels
         """Agent and tool names this process has seen: Flower's names for the tasks."""
 
-    def wake(self, thread_id: str, priority: int) -> None:
+    def wake(self, thread_id: str, priority: int) -> bool:
         if self._marks is not None and not self._marks.claim(thread_id, priority):
-            return
+            return False
         queue = QUEUE_INTERACTIVE if priority >= Priority.INTERACTIVE else QUEUE_BACKGROUND
         try:
             shadow = self._labels.slice_name(SLICE_TASK, thread_id) if self._labels else None
@@ -61,6 +61,7 @@ class CeleryDispatcher:
             if self._marks is not None:
                 self._marks.clear(thread_id)  # the next wake must not be suppressed
             raise
+        return True
 
     def close_broker(self) -> None:
         """Close the app's broker connections: for the ``ProducerApp`` of

@@ -61,6 +61,7 @@ def start_worker(
 
 
 def run_beat(settings: Settings, *, loglevel: str = "info") -> None:
-    """Run Celery beat in this process: it sends ``dormant.sweep`` every sweep interval.
-    Beat runs no task, so it needs no agents."""
+    """Run Celery beat in this process: it sweeps every sweep interval itself
+    (``celery/beat_sweep.py``, started on ``beat_init``) and sends ``dormant.prune`` when
+    retention is on. Beat runs no agent's code, so it needs no agents."""
     bare_app(settings, None).start(["beat", "-l", loglevel])

@@ -23,8 +23,9 @@ class Dispatcher(Protocol):
         """Start the outbox row's work off the slice (a tool run, a cancel hook)."""
         ...
 
-    def wake(self, thread_id: str, priority: int) -> None:
-        """Arrange for a slice of ``thread_id`` to run."""
+    def wake(self, thread_id: str, priority: int) -> bool:
+        """Arrange for a slice of ``thread_id`` to run; False if none was queued because
+        one at least as urgent already is (what the sweeper reports)."""
         ...
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import time
 from typing import Any, cast
 
 import redis
@@ -224,10 +225,10 @@ class RedisDedup:
 
 
 class RedisSweepTurns:
-    """One sweep at a time across the workers. Beat's sweeps wait in the broker behind busy
-    slots and may then run back to back (a queued sweep is kept for a while: see
-    ``worker.sweep_expires_s``); the first of them does the work, the rest find its turn
-    taken and return at once."""
+    """One sweep at a time across processes: beat sweeps itself (``celery/beat_sweep.py``),
+    but a second beat (a rollout that overlaps, ``worker -B`` beside ``dormant beat``) or a
+    ``dormant.sweep`` task from an older beat finds the turn taken and skips. The key holds
+    when the running turn began (epoch ms), for an operator's ``GET``."""
 
     def __init__(self, client: Redis, prefix: str) -> None:
         self._client = client
@@ -237,7 +238,8 @@ class RedisSweepTurns:
         """Whether this sweep runs: none began in the last ``spacing_s``. With Redis
         unreachable it runs: the sweep is how work stranded by such an outage recovers."""
         try:
-            return bool(self._client.set(self._key, "1", nx=True, px=_ms(spacing_s)))
+            began_ms = str(int(time.time() * 1000))
+            return bool(self._client.set(self._key, began_ms, nx=True, px=_ms(spacing_s)))
         except redis.RedisError:
             return True
 

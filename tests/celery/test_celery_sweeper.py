@@ -1,9 +1,14 @@
-"""``sweep_once``: what the beat task (and LocalSystem's loop) re-drives from the store."""
+"""``sweep_once``: what beat's sweep (and LocalSystem's loop) re-drives from the store."""
 
 from __future__ import annotations
 
+import secrets
 from datetime import UTC, datetime, timedelta
 
+import redis
+from celery import Celery
+
+from dormant.celery.dispatch import CeleryDispatcher
 from dormant.messages import ToolResultMessage, UserMessage
 from dormant.runtime.sweeper import sweep_once
 from dormant.stores.base import (
@@ -18,6 +23,7 @@ from dormant.stores.base import (
 )
 from dormant.stores.memory.store import MemoryStore
 from dormant.stores.memory.sync import MemoryLease
+from dormant.stores.redis import RedisWakeMarks
 
 
 class _Dispatcher:
@@ -25,8 +31,9 @@ class _Dispatcher:
         self.woken: list[tuple[str, int]] = []
         self.dispatched: list[OutboxRow] = []
 
-    def wake(self, thread_id: str, priority: int) -> None:
+    def wake(self, thread_id: str, priority: int) -> bool:
         self.woken.append((thread_id, priority))
+        return True
 
     def dispatch(self, row: OutboxRow) -> None:
         self.dispatched.append(row)
@@ -78,3 +85,28 @@ def test_a_sweep_fires_due_timers_and_redispatches_stranded_outbox_rows() -> Non
         store, lease, again, now + timedelta(seconds=12), grace_s=10, lost_after_s=3600
     )
     assert again.woken == [("t1", Priority.BACKGROUND)] and again.dispatched == []
+
+
+def test_a_sweep_whose_wake_a_wake_mark_suppressed_does_not_report_it_woken(
+    redis_server: redis.Redis,
+) -> None:
+    """The Celery dispatcher sends no slice while one at least as urgent is queued (its
+    wake mark in Redis): the sweep that found the thread then says so, not "woke"."""
+    store, lease = MemoryStore(), MemoryLease()
+    store.create_thread(NewThread(id="t1", agent="a"))
+    store.enqueue("t1", "m1", UserMessage(text="hi"), Priority.INTERACTIVE)
+    prefix = f"dsw{secrets.token_hex(5)}"
+    app = Celery("sweeper-test", broker="memory://", set_as_current=False)
+    dispatcher = CeleryDispatcher(app, RedisWakeMarks(redis_server, prefix, ttl_s=60.0))
+    try:
+        first = sweep_once(store, lease, dispatcher, datetime.now(UTC), 10, 3600)
+        second = sweep_once(store, lease, dispatcher, datetime.now(UTC), 10, 3600)
+    finally:
+        redis_server.delete(f"{prefix}:queued:t1")
+        app.close()
+
+    assert first
+    assert not second, second  # the first sweep's slice is still queued: nothing was sent
+    assert first.woken == 1 and first.summary() == "woke 1 thread"
+    assert (second.woken, second.already_queued) == (0, 1)
+    assert second.summary() == "1 wake already queued"
