@@ -157,6 +157,19 @@ def watch_pull_requests(repo: str) -> str:
     return f"Watching {repo} for new pull requests."
 
 
+@tool
+def explode(reason: str) -> str:
+    """A tool that always raises."""
+    raise RuntimeError(reason)
+
+
+def _toolbox(history: Sequence[Item]) -> Completion:
+    """Starts a build (deferred: its result never comes here) and a tool that raises."""
+    if isinstance(_last(history), UserText):
+        return reply("", call("run_build", target="main"), call("explode", reason="disk full"))
+    return reply("noted")
+
+
 echo = Agent("echo", model=_Recorded(ScriptedModel(_echo)))
 calc = Agent("calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.05), tools=[add])
 slow_calc = Agent("slow_calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.3), tools=[add])
@@ -172,8 +185,9 @@ broken = Agent("broken", model=_Flaky(failures=-1))
 buggy = Agent("buggy", model=_Buggy())
 
 picky = Agent("picky", model=ScriptedModel(_picky))
+toolbox = Agent("toolbox", model=ScriptedModel(_toolbox), tools=[run_build, explode])
 
-AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy, picky]
+AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy, picky, toolbox]
 
 
 @worker_ready.connect
