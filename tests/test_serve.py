@@ -29,7 +29,7 @@ import redis
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from dormant import Agent, LocalSystem, ToolContext, tool
+from dormant import Agent, Client, LocalSystem, ToolContext, tool
 from dormant.http.callbacks import callback_app
 from dormant.http.dev_server import make_dev_server
 from dormant.http.serve import asgi_app
@@ -269,16 +269,18 @@ def test_with_the_database_unreachable_webhooks_and_callbacks_get_a_json_503() -
     with temporary_database("dormant_serve_outage", _unavailable) as database_url:
         port = free_port()
         env = serve_env(port, database_url, f"dserve{secrets.token_hex(5)}")
+        # The agent subscribes, then its LocalSystem closes: the outage is the receivers'.
         with watching(database_url, env) as system:
             system.launch("watcher", "watch acme/app")
             system.run_until_idle()
-            hook = urls["watch"]
-            callback = hook.replace("/webhooks/github/", "/callbacks/")
-            event = {"result": "PR #5", "event": True, "message_id": "outage-cb"}
-            wsgi = make_dev_server("127.0.0.1", 0, callback_app(system))
+        hook = urls["watch"]
+        callback = hook.replace("/webhooks/github/", "/callbacks/")
+        event = {"result": "PR #5", "event": True, "message_id": "outage-cb"}
+        body = json.dumps({"action": "opened", "number": 5}).encode()
+        with Client.from_settings(Settings.from_env(env)) as client:
+            wsgi = make_dev_server("127.0.0.1", 0, callback_app(client))
             threading.Thread(target=wsgi.serve_forever, daemon=True).start()
             direct = callback.replace(f"127.0.0.1:{port}", f"127.0.0.1:{wsgi.server_port}")
-            body = json.dumps({"action": "opened", "number": 5}).encode()
             try:
                 with running_serve(env, port) as base:
                     with refusing_connections(database_url):
