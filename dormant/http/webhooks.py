@@ -131,7 +131,8 @@ class WebhookReceiver:
     def receive(
         self, path: str, query: str, headers: Mapping[str, str], body: bytes
     ) -> WebhookReply:
-        """Handle ``POST {mount}/{path}?{query}``; ``path`` is ``source/thread_id/call_id``."""
+        """Handle ``POST {mount}/{path}?{query}``; ``path`` is ``source/thread_id/call_id``
+        as sent, still percent-encoded (``paths.py``): each segment is decoded once here."""
         lowered = {k.lower(): v for k, v in headers.items()}
         try:
             message_id = self._receive(path, query, lowered, body)
