@@ -7,10 +7,12 @@ FAILURE with the reason; the message is acked like any ended task (the inbox row
 SQL; the store's backoff, the sweeper or ``dormant retry`` drive the next try), and the
 worker logs one line, no traceback: it is an expected outcome. A model failure with a short
 backoff is retried by Celery with that countdown. ``dormant.tool(...)`` runs
-``execute_outbox``. ``dormant.sweep()`` runs one sweep turn without task events: beat sweeps
-itself now (``celery/beat_sweep.py``) and sends no such task; it stays for a beat of an
-earlier release during a rolling upgrade. A test crash point kills the worker process with
-SIGKILL, so tests exercise real deaths: the unacknowledged task and the lease are left behind.
+``execute_outbox`` and returns what the run did (``done``, ``started; result pending via
+callback``, ``error: ...``). ``dormant.sweep()`` runs one sweep turn without task events:
+beat sweeps itself now (``celery/beat_sweep.py``) and sends no such task; it stays for a
+beat of an earlier release during a rolling upgrade. A test crash point kills the worker
+process with SIGKILL, so tests exercise real deaths: the unacknowledged task and the lease
+are left behind.
 """
 
 from __future__ import annotations
@@ -60,6 +62,15 @@ from dormant.stores.redis import (
     wake_mark_ttl_s,
 )
 from dormant.tools.claims import held_claim
+from dormant.tools.outcomes import (
+    AlreadyAnswered,
+    Answered,
+    CancelHookRan,
+    Raised,
+    Refused,
+    Started,
+    ToolOutcome,
+)
 from dormant.tools.runner import execute_outbox
 
 if TYPE_CHECKING:
@@ -156,6 +167,28 @@ def outcome_text(outcome: SliceOutcome) -> str:
             return _short(f"{'stalled' if stalled else 'failed'}: {error}")
 
 
+def _tool_text(outcome: ToolOutcome) -> str:
+    """What a tool task did: its result in Flower. A tool's error is not a task failure:
+    it is the call's result, which the model reads; the task did its job."""
+    match outcome:
+        case Answered():
+            return "done"
+        case Started():
+            return "started; result pending via callback"
+        case Raised(error=error):
+            return _short(f"error: {error}")
+        case AlreadyAnswered():
+            return "skipped: the call already has its result"
+        case Refused(reason=reason):
+            return _short(f"result dropped: {reason}")
+        case CancelHookRan(hook=False):
+            return "cancelled: no cancel hook"
+        case CancelHookRan(error=None):
+            return "cancelled: cancel hook ran"
+        case CancelHookRan(error=error):
+            return _short(f"error: cancel hook failed: {error}")
+
+
 def _short(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
@@ -232,7 +265,7 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                 return "skipped: the row ran or another run holds it"
             try:
                 client = rt.client
-                execute_outbox(
+                outcome = execute_outbox(
                     row,
                     rt.store,
                     rt.deps.agents,
@@ -247,7 +280,7 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                 log.warning("outbox row %d not run: %s", outbox_id, error)
                 rt.store.mark_ran([outbox_id])
                 return "missing"
-        return "done"
+        return _tool_text(outcome)
 
     # Sent by a beat of an earlier release only: no task events, no log line unless it
     # re-drove something.

@@ -3,11 +3,13 @@
 The agent runs in this process (``LocalSystem`` on an SQLite file); ``dormant serve`` runs as
 a subprocess on the same file, as it would beside workers on PostgreSQL. The server writes
 the event to the inbox (and wakes through the broker, under a private Redis key prefix); the
-LocalSystem's sweep finds the pending row and runs the slice.
+LocalSystem's sweep finds the pending row and runs the slice. The outage test runs both on
+a PostgreSQL database of its own, which it then makes refuse connections.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
 import json
@@ -16,18 +18,26 @@ import secrets
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 import httpx
 import pytest
 import redis
+from sqlalchemy import text
+from sqlalchemy.engine import make_url
 
-from dormant import Agent, LocalSystem, ToolContext, tool
-from dormant.http.webhooks import webhook_url
+from dormant import Agent, Client, LocalSystem, ToolContext, tool
+from dormant.http.callbacks import callback_app
+from dormant.http.dev_server import make_dev_server
+from dormant.http.serve import asgi_app
+from dormant.http.webhooks import WebhookReceiver, WebhookReply, webhook_url
 from dormant.messages import EventShown, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.settings import Settings
+from tests.databases import admin_engine, temporary_database
 
 pytestmark = pytest.mark.timeout(400)  # the server's start is slow when the machine is busy
 
@@ -68,13 +78,10 @@ def wait_until_up(base: str, server: subprocess.Popen[bytes], deadline_s: float)
     raise AssertionError(f"dormant serve did not answer /healthz within {deadline_s} s")
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalSystem, str, str]]:
-    """One server for the module: starting a Python process is slow on a busy machine."""
-    port = free_port()
-    database_url = f"sqlite:///{tmp_path_factory.mktemp('serve') / 'dormant.db'}"
-    prefix = f"dserve{secrets.token_hex(5)}"
-    env = {
+def serve_env(port: int, database_url: str, prefix: str) -> dict[str, str]:
+    """What ``dormant serve`` needs: the database, the signing key, webhook secrets, and a
+    broker (Redis) under a private key prefix."""
+    return {
         **os.environ,
         "DORMANT_DATABASE_URL": database_url,
         "DORMANT_SECRET_KEY": "dormant-key",
@@ -85,31 +92,50 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalSyst
         "DORMANT_KEY_PREFIX": prefix,
         "DORMANT_BROKER_KEY_PREFIX": f"{prefix}:broker:",
     }
-    settings = Settings.from_env(env)
+
+
+@contextmanager
+def running_serve(env: dict[str, str], port: int) -> Iterator[str]:
+    """``dormant serve`` as a subprocess, up; yields its base URL. Its log must hold no
+    traceback, and its Redis keys are deleted afterwards."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "dormant", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_until_up(base, server, deadline_s=180.0)
+        yield base
+    finally:
+        server.terminate()
+        _, errors = server.communicate(timeout=30)
+        assert b"Traceback" not in errors, errors.decode()
+        conn = redis.Redis.from_url(REDIS_URL)
+        keys = list(conn.scan_iter(match=f"{env['DORMANT_KEY_PREFIX']}*", count=1000))
+        if keys:
+            conn.delete(*keys)
+        conn.close()
+
+
+def watching(database_url: str, env: dict[str, str]) -> LocalSystem:
+    """A LocalSystem on ``database_url`` (not yet entered) running the watcher agent."""
     agent = Agent("watcher", model=ScriptedModel(script), tools=[watch_pull_requests])  # type: ignore[arg-type]
-    dormant = [sys.executable, "-m", "dormant"]
-    with LocalSystem([agent], database_url, settings=settings) as system:
+    return LocalSystem([agent], database_url, settings=Settings.from_env(env))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalSystem, str, str]]:
+    """One server for the module: starting a Python process is slow on a busy machine."""
+    port = free_port()
+    database_url = f"sqlite:///{tmp_path_factory.mktemp('serve') / 'dormant.db'}"
+    env = serve_env(port, database_url, f"dserve{secrets.token_hex(5)}")
+    with watching(database_url, env) as system:
         thread_id = system.launch("watcher", "watch acme/app")
         system.run_until_idle()
-        server = subprocess.Popen(
-            [*dormant, "serve", "--host", "127.0.0.1", "--port", str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-        )
-        try:
-            base = f"http://127.0.0.1:{port}"
-            wait_until_up(base, server, deadline_s=180.0)
+        with running_serve(env, port) as base:
             yield system, thread_id, base
-        finally:
-            server.terminate()
-            _, errors = server.communicate(timeout=30)
-            assert b"Traceback" not in errors, errors.decode()
-            conn = redis.Redis.from_url(REDIS_URL)
-            keys = list(conn.scan_iter(match=f"{prefix}*", count=1000))
-            if keys:
-                conn.delete(*keys)
-            conn.close()
 
 
 def github_post(url: str, body: bytes, delivery: str) -> httpx.Response:
@@ -195,3 +221,123 @@ def test_ids_holding_a_slash_or_a_percent_sign_survive_the_server(
     body = json.dumps({"action": "opened", "number": 4}).encode()
     hooked = github_post(urls["watch"], body, delivery="slash-delivery")
     assert hooked.status_code == 202, hooked.text
+
+
+def test_a_deeply_nested_signed_body_gets_a_json_400(served: tuple[LocalSystem, str, str]) -> None:
+    """Correctly signed, but nested deeper than Python's JSON parser recurses: a 400 with
+    the reason, not uvicorn's plain-text 500."""
+    system, thread_id, _ = served
+    before = system.store.inbox(thread_id)
+    body = b"[" * 2000 + b"]" * 2000
+    answer = github_post(urls["watch"], body, "deeply-nested-1")
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {"error": "webhook body is nested too deeply"}
+    assert system.store.inbox(thread_id) == before
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"PostgreSQL is required in CI: {reason}")
+    pytest.skip(f"!!! PostgreSQL UNAVAILABLE, the receivers' outage test NOT RUN: {reason}")
+
+
+@contextmanager
+def refusing_connections(database_url: str) -> Iterator[None]:
+    """The database stops accepting connections and loses the open ones: to its clients,
+    an unreachable server. It accepts them again afterwards."""
+    name = make_url(database_url).database
+    admin = admin_engine()
+    try:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS false'))
+            conn.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+                {"n": name},
+            )
+        yield
+    finally:
+        with admin.connect() as conn:
+            conn.execute(text(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true'))
+        admin.dispose()
+
+
+def test_with_the_database_unreachable_webhooks_and_callbacks_get_a_json_503() -> None:
+    """A sender must see a temporary failure it can retry, as JSON: the webhook and the
+    callback routes of ``dormant serve`` (a real process), and the WSGI callback receiver
+    under ``dormant callbacks``' server. The same delivery goes through once it is back."""
+    unavailable = {"error": "the database is unavailable: try again later"}
+    with temporary_database("dormant_serve_outage", _unavailable) as database_url:
+        port = free_port()
+        env = serve_env(port, database_url, f"dserve{secrets.token_hex(5)}")
+        # The agent subscribes, then its LocalSystem closes: the outage is the receivers'.
+        with watching(database_url, env) as system:
+            system.launch("watcher", "watch acme/app")
+            system.run_until_idle()
+        hook = urls["watch"]
+        callback = hook.replace("/webhooks/github/", "/callbacks/")
+        event = {"result": "PR #5", "event": True, "message_id": "outage-cb"}
+        body = json.dumps({"action": "opened", "number": 5}).encode()
+        with Client.from_settings(Settings.from_env(env)) as client:
+            wsgi = make_dev_server("127.0.0.1", 0, callback_app(client))
+            threading.Thread(target=wsgi.serve_forever, daemon=True).start()
+            direct = callback.replace(f"127.0.0.1:{port}", f"127.0.0.1:{wsgi.server_port}")
+            try:
+                with running_serve(env, port) as base:
+                    with refusing_connections(database_url):
+                        hooked = github_post(hook, body, "outage-1")
+                        assert (hooked.status_code, hooked.json()) == (503, unavailable)
+                        called = httpx.post(callback, json=event, timeout=30.0)
+                        assert (called.status_code, called.json()) == (503, unavailable)
+                        called = httpx.post(direct, json=event, timeout=30.0)
+                        assert (called.status_code, called.json()) == (503, unavailable)
+                        assert httpx.get(f"{base}/readyz", timeout=30.0).status_code == 503
+
+                    deadline = time.monotonic() + 60.0
+                    retried = github_post(hook, body, "outage-1")
+                    while retried.status_code == 503 and time.monotonic() < deadline:
+                        retried = github_post(hook, body, "outage-1")  # a sender's retry
+                    assert retried.status_code == 202, retried.text
+            finally:
+                wsgi.shutdown()
+                wsgi.server_close()
+
+
+def test_dormant_serve_exits_3_with_one_line_on_a_configuration_error() -> None:
+    """The README's exit code for a setting the deployment cannot run with."""
+    base = serve_env(free_port(), "sqlite:///unused.db", "dserve-unused")
+    for overrides, reason in [
+        ({"DORMANT_SECRET_KEY": ""}, "DORMANT_SECRET_KEY is not set"),
+        ({"DORMANT_WEBHOOK_SECRETS": "github"}, "DORMANT_WEBHOOK_SECRETS"),
+    ]:
+        ran = subprocess.run(
+            [sys.executable, "-m", "dormant", "serve", "--port", str(free_port())],
+            env={**base, **overrides},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert ran.returncode == 3, (overrides, ran.stderr)
+        (line,) = ran.stderr.strip().splitlines()
+        assert line.startswith("error: ") and reason in line, line
+
+
+def test_a_bug_behind_a_route_is_a_json_500_and_its_traceback_stays_in_the_log(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    class Broken(WebhookReceiver):
+        def receive(self, *_: object) -> WebhookReply:
+            raise RuntimeError("a bug with a secret in its message")
+
+    async def post() -> httpx.Response:
+        transport = httpx.ASGITransport(app=asgi_app(system, Broken(system, [])))
+        async with httpx.AsyncClient(transport=transport, base_url="http://serve") as http:
+            return await http.post("/dormant/webhooks/github/t/c?token=x", content=b"{}")
+
+    settings = Settings(secret_keys=("k",))
+    with LocalSystem([], "memory://", settings=settings) as system:
+        answer = asyncio.run(post())
+    assert answer.status_code == 500
+    assert answer.json() == {"error": "internal error; the server log has the cause"}
+    assert "secret" not in answer.text
+    (record,) = [r for r in caplog.records if r.name == "dormant.serve"]
+    assert record.exc_info is not None and "a bug with a secret" in str(record.exc_info[1])

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 import pytest
 
 from dormant import Agent, LocalSystem, ToolContext, tool
-from dormant.errors import ConfigurationError
+from dormant.errors import ConfigurationError, InvalidToken
+from dormant.http.tokens import callback_url, parse_callback_url
 from dormant.http.webhooks import (
     WebhookReceiver,
     WebhookSource,
@@ -19,7 +20,7 @@ from dormant.http.webhooks import (
     github_source,
     webhook_url,
 )
-from dormant.messages import EventShown, UserText
+from dormant.messages import EventShown, ToolResult, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.settings import Settings
 
@@ -35,7 +36,13 @@ def watch_pull_requests(repo: str, ctx: ToolContext) -> str:
 
 
 def script(items: list[object]) -> object:
-    if isinstance(items[-1], UserText):
+    last = items[-1]
+    if isinstance(last, UserText) and last.text == "stop watching":
+        (watch,) = [
+            i for i in items if isinstance(i, ToolResult) and i.name == "watch_pull_requests"
+        ]
+        return reply("", call("cancel_subscription", call_id=watch.call_id))
+    if isinstance(last, UserText):
         return reply("", call("watch_pull_requests", repo="acme/app"))
     return reply("noted")
 
@@ -128,8 +135,8 @@ def test_a_timestamped_source_accepts_a_fresh_signed_delivery(rig: Rig) -> None:
     assert rig.receiver.receive(path, rig.query, headers, PR).status == 202
 
 
-def _stamped(rig: Rig, at_s: float, body: bytes = PR) -> tuple[str, dict[str, str]]:
-    stamp = str(int(at_s))
+def _stamped(rig: Rig, at_s: float | str, body: bytes = PR) -> tuple[str, dict[str, str]]:
+    stamp = at_s if isinstance(at_s, str) else str(int(at_s))
     mac = hmac.new(SECRET.encode(), stamp.encode() + b"." + body, hashlib.sha256).hexdigest()
     headers = {
         "Content-Type": "application/json",
@@ -148,6 +155,10 @@ def _stamped(rig: Rig, at_s: float, body: bytes = PR) -> tuple[str, dict[str, st
         ("unsigned", 401, "missing X-Hub-Signature-256"),
         ("expired", 401, "expired"),
         ("no-timestamp", 401, "X-Timestamp"),
+        ("nan-timestamp", 401, "bad X-Timestamp"),
+        ("infinite-timestamp", 401, "bad X-Timestamp"),
+        ("exponent-timestamp", 401, "bad X-Timestamp"),
+        ("deeply-nested", 400, "nested too deeply"),
         ("oversized", 413, "the limit is 4096"),
         ("non-utf8", 400, "not UTF-8"),
         ("not-json", 400, "not JSON"),
@@ -174,6 +185,15 @@ def test_a_bad_delivery_is_refused_with_a_reason_and_changes_nothing(
     elif case == "no-timestamp":
         path, headers = _stamped(rig, rig.now_s)
         del headers["X-Timestamp"]
+    elif case == "nan-timestamp":  # signed: only "never too far from now" could stop it
+        path, headers = _stamped(rig, "nan")
+    elif case == "infinite-timestamp":
+        path, headers = _stamped(rig, "-inf")
+    elif case == "exponent-timestamp":  # float() reads it as now, but it is not Unix seconds
+        path, headers = _stamped(rig, f"{rig.now_s:e}")
+    elif case == "deeply-nested":
+        body = b"[" * 2000 + b"]" * 2000
+        headers = signed(body)
     elif case == "oversized":
         body = json.dumps({"blob": "x" * 5000}).encode()
         headers = signed(body)
@@ -239,11 +259,39 @@ def test_the_flask_blueprint_mounts_the_receiver(rig: Rig) -> None:
         assert forged.status_code == 401
 
 
-def test_dormant_serve_refuses_to_start_without_a_signing_key() -> None:
-    from typer.testing import CliRunner
+def test_ids_holding_a_slash_or_a_percent_sign_survive_the_flask_blueprint(rig: Rig) -> None:
+    """Flask hands the view a decoded path: the blueprint reads the path as sent instead, so
+    an encoded "/" stays inside the id and "%41" is not decoded a second time into "A"."""
+    flask = pytest.importorskip("flask")
+    app = flask.Flask("hooks")
+    app.register_blueprint(flask_blueprint(rig.receiver), url_prefix="/dormant/webhooks")
+    for thread_id in ("team/a%b", "50%41 off"):
+        rig.system.launch("watcher", "watch acme/app", thread_id=thread_id)
+        rig.system.run_until_idle()
+        url = urls["watch"].removeprefix("https://hooks.example")
+        assert parse_callback_url(url)[0] == thread_id
+        with app.test_client() as http:
+            answer = http.post(url, data=PR, headers=signed(PR, **{"X-GitHub-Delivery": thread_id}))
+        assert answer.status_code == 202, answer.json
+        assert [row.message_id for row in rig.system.store.inbox(thread_id)][-1] == (
+            f"github:{thread_id}"
+        )
 
-    from dormant.cli import app
 
-    result = CliRunner().invoke(app, ["serve"], env={"DORMANT_SECRET_KEY": ""})
-    assert result.exit_code == 1
-    assert "DORMANT_SECRET_KEY is not set" in result.output
+def test_a_webhook_url_outlives_its_tokens_expiry_but_not_its_subscription(rig: Rig) -> None:
+    """The decision in docs/security.md: GitHub keeps one URL for as long as the hook
+    exists, so a webhook URL does not expire; cancelling the subscription ends it."""
+    thread_id, call_id, _ = parse_callback_url(urls["watch"])
+    keys = rig.system.settings.secret_keys
+    base = rig.system.settings.callback_base_url
+    expired_callback = callback_url(base, keys, thread_id, call_id, expires_at_s=1)
+    with pytest.raises(InvalidToken, match="expired"):
+        rig.system.deliver_callback(expired_callback, "a callback with this token is refused")
+    hook = webhook_url(expired_callback, "github")
+    tail, _, query = hook.removeprefix("https://hooks.example/dormant/webhooks/").partition("?")
+    assert rig.receiver.receive(tail, query, signed(PR), PR).status == 202
+
+    rig.system.send(thread_id, "stop watching")
+    rig.system.run_until_idle()
+    later = rig.receiver.receive(tail, query, signed(PR, **{"X-GitHub-Delivery": "d-2"}), PR)
+    assert later.status == 409 and "cancelled" in later.body["error"], later.body

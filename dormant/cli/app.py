@@ -220,11 +220,10 @@ def callbacks(
     port: int = typer.Option(8765, help="Port to listen on."),
 ) -> None:
     """Serve callback URLs (development server; mount dormant.callbacks in production)."""
-    from wsgiref.simple_server import make_server
-
     from dormant.http.callbacks import callback_app
+    from dormant.http.dev_server import make_dev_server
 
-    with open_client() as client, make_server(host, port, callback_app(client)) as server:
+    with open_client() as client, make_dev_server(host, port, callback_app(client)) as server:
         say(f"receiving callbacks on http://{host}:{server.server_port}/")
         server.serve_forever()
 

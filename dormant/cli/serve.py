@@ -1,4 +1,9 @@
-"""``dormant serve``: callbacks, webhooks and health probes over uvicorn (``dormant[serve]``)."""
+"""``dormant serve``: callbacks, webhooks and health probes over uvicorn (``dormant[serve]``).
+
+It fails like every command (``cli/errors.py``): a setting it cannot start with (no
+``DORMANT_SECRET_KEY``, a bad ``DORMANT_WEBHOOK_SECRETS``, uvicorn not installed) is one
+``error:`` line and exit code 3, before it listens.
+"""
 
 from __future__ import annotations
 
@@ -14,23 +19,19 @@ def serve(
     """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS) and /healthz, /readyz."""
     from dormant.cli.connect import env_settings
     from dormant.client import Client
-    from dormant.errors import DormantError
+    from dormant.errors import ConfigurationError
     from dormant.http.serve import asgi_app
     from dormant.http.webhooks import WebhookReceiver, github_source
 
     try:
         import uvicorn
     except ImportError:  # pragma: no cover - depends on the installed extras
-        typer.echo("error: dormant serve needs uvicorn: pip install 'dormant[serve]'", err=True)
-        raise typer.Exit(1) from None
-    try:
-        settings = env_settings().require_secret()
-        sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
-        client = Client.from_settings(settings)
-    except DormantError as error:
-        typer.echo(f"error: {error}", err=True)
-        raise typer.Exit(1) from None
-    with client:
+        raise ConfigurationError(
+            "dormant serve needs uvicorn: pip install 'dormant[serve]'"
+        ) from None
+    settings = env_settings().require_secret()
+    sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
+    with Client.from_settings(settings) as client:
         app = asgi_app(client, WebhookReceiver(client, sources))
         # No access log: webhook and callback URLs carry tokens, which must not land in logs.
         uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on", access_log=False)

@@ -4,7 +4,8 @@ Mount it in any WSGI server, or under Django/Flask (``DispatcherMiddleware``). T
 JSON ``{"result": ..., "message_id"?, "is_error"?, "event"?, "final"?, "associative"?}``
 or plain text (the result). ``Idempotency-Key`` may carry the message id. A retried
 delivery is answered 200 ``duplicate`` so the sender stops retrying; refusals get a
-status and a reason, and nothing reaches the history.
+status and a reason, and nothing reaches the history. With the database or Redis
+unreachable the answer is 503 with a JSON reason: the sender should try again.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable
 from typing import Any
-from urllib.parse import quote
 
 from dormant.base_client import BaseClient
 from dormant.errors import (
@@ -23,6 +23,8 @@ from dormant.errors import (
     NotFound,
     PayloadTooLarge,
 )
+from dormant.http.outages import UNAVAILABLE_STATUS, unavailable_reason
+from dormant.http.paths import sent_path
 from dormant.http.tokens import parse_callback_url
 from dormant.tools.runner import as_text
 
@@ -55,6 +57,12 @@ def callback_app(client: BaseClient) -> WSGIApp:
         except (MessageRejected, NotFound) as error:
             status = next(s for kind, s in _STATUS.items() if isinstance(error, kind))
             return _reply(start_response, status, {"error": str(error)})
+        except Exception as error:
+            reason = unavailable_reason(error)
+            if reason is None:
+                raise
+            status = f"{UNAVAILABLE_STATUS} Service Unavailable"
+            return _reply(start_response, status, {"error": reason})
         return _reply(
             start_response, "202 Accepted", {"status": "queued", "message_id": message_id}
         )
@@ -64,7 +72,7 @@ def callback_app(client: BaseClient) -> WSGIApp:
 
 def _deliver(client: BaseClient, environ: dict[str, Any]) -> str:
     # One leading slash: "//host/..." would otherwise be read as a network location.
-    path = "/" + _encoded_path(environ).lstrip("/")
+    path = "/" + sent_path(environ).lstrip("/")
     thread_id, call_id, token = parse_callback_url(f"{path}?{environ.get('QUERY_STRING', '')}")
     body = _body(environ, client.settings.max_message_bytes)
     message_id = _message_id(environ.get("HTTP_IDEMPOTENCY_KEY") or None, "Idempotency-Key")
@@ -84,24 +92,6 @@ def _deliver(client: BaseClient, environ: dict[str, Any]) -> str:
     return client.deliver(
         thread_id, call_id, result, message_id=message_id, token=token, is_error=is_error
     )
-
-
-def _encoded_path(environ: dict[str, Any]) -> str:
-    """The request path as sent, still percent-encoded.
-
-    ``PATH_INFO`` is already decoded, so decoding it again breaks ids holding ``%`` and an
-    encoded ``/`` in a thread id looks like a separator. Servers that keep the raw request
-    line (gunicorn's ``RAW_URI``, uWSGI's ``REQUEST_URI``, ``dormant serve``) are read as
-    is; otherwise ``PATH_INFO`` is re-encoded, which is exact except for ``/`` inside ids.
-    """
-    raw = environ.get("RAW_URI") or environ.get("REQUEST_URI")
-    if raw:
-        return str(raw).split("?", 1)[0]
-    path = str(environ.get("PATH_INFO", ""))
-    try:
-        return quote(path.encode("latin-1"), safe="/")  # PEP 3333: bytes as latin-1
-    except UnicodeEncodeError:
-        return quote(path, safe="/")
 
 
 def _body(environ: dict[str, Any], limit_bytes: int) -> bytes:

@@ -5,6 +5,8 @@ in ``dormant.callbacks``, run unchanged on a worker thread), ``POST
 /dormant/webhooks/{source}/{thread_id}/{call_id}?token=`` (``dormant.webhooks``), ``GET
 /healthz`` (the process answers) and ``GET /readyz`` (the database answers). Store calls
 block, so every request is handled on a worker thread; the event loop only moves bytes.
+Every answer is JSON: an unreachable database or Redis is a 503 (the receivers say so),
+and a bug a 500 whose traceback goes to the log, not to the sender.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import quote, unquote
@@ -29,6 +32,7 @@ Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+log = logging.getLogger("dormant.serve")
 
 
 class _TooLarge(Exception):
@@ -46,35 +50,37 @@ def asgi_app(client: BaseClient, receiver: WebhookReceiver) -> ASGIApp:
             return
         if scope["type"] != "http":
             return
+        try:
+            reply = await route(scope, receive)
+        except Exception:
+            # A bug, not the sender's fault: logged with its traceback, answered in JSON
+            # like every other reply (uvicorn's own 500 is plain text).
+            log.exception("dormant serve failed on %s %s", scope["method"], scope["path"])
+            reply = WebhookReply(500, {"error": "internal error; the server log has the cause"})
+        await _send(send, reply)
+
+    async def route(scope: Scope, receive: Receive) -> WebhookReply:
         path: str = scope["path"]
-        raw_path = _encoded_path(scope)
         method: str = scope["method"]
         if path == "/healthz" and method == "GET":
-            await _send(send, WebhookReply(200, {"status": "ok"}))
-            return
+            return WebhookReply(200, {"status": "ok"})
         if path == "/readyz" and method == "GET":
-            await _send(send, await asyncio.to_thread(_ready, client))
-            return
+            return await asyncio.to_thread(_ready, client)
         if not path.startswith((CALLBACKS_PREFIX, WEBHOOKS_PREFIX)):
-            await _send(send, WebhookReply(404, {"error": f"no route for {path}"}))
-            return
+            return WebhookReply(404, {"error": f"no route for {path}"})
         if method != "POST":
-            await _send(send, WebhookReply(405, {"error": "POST only"}))
-            return
+            return WebhookReply(405, {"error": "POST only"})
         try:
             body = await _body(receive, limit_bytes)
         except _TooLarge:
-            reply = WebhookReply(413, {"error": f"body is over the limit of {limit_bytes} bytes"})
-            await _send(send, reply)
-            return
+            return WebhookReply(413, {"error": f"body is over the limit of {limit_bytes} bytes"})
+        raw_path = _encoded_path(scope)
         query = scope.get("query_string", b"").decode("latin-1")
         headers = {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]}
         if path.startswith(WEBHOOKS_PREFIX):
             rest = raw_path[len(WEBHOOKS_PREFIX) :]
-            reply = await asyncio.to_thread(receiver.receive, rest, query, headers, body)
-        else:
-            reply = await asyncio.to_thread(_wsgi, callbacks, raw_path, query, headers, body)
-        await _send(send, reply)
+            return await asyncio.to_thread(receiver.receive, rest, query, headers, body)
+        return await asyncio.to_thread(_wsgi, callbacks, raw_path, query, headers, body)
 
     return app
 

@@ -5,14 +5,17 @@ A subscription tool turns its ``ctx.callback_url`` into a webhook URL with
 ``webhook_url(ctx.callback_url, "github")`` and registers it with the sender (or prints it
 for a human to paste). The URL names the subscription and carries dormant's token, so no
 routing table is needed; the source's shared secret proves the sender. The token's expiry is
-not checked here: a webhook lives as long as its subscription, and a cancelled
-subscription or closed thread rejects the event when it is applied.
+not checked here: a sender such as GitHub keeps one URL for as long as the hook exists, so
+a webhook lives as long as its subscription; a cancelled subscription or a closed thread
+refuses the delivery (409), and so does a rotated-out signing key (403).
 
 Every refusal is a 4xx with a reason and changes nothing: unknown source (404), wrong
-content type (415), oversized (413), missing or wrong signature (401), stale timestamp
-(401), non-UTF-8 or malformed body (400), bad token (403), replayed delivery id (409).
-The receiver is framework-agnostic (``WebhookReceiver.receive`` takes bytes and headers);
-``dormant.serve`` runs it over ASGI, and ``flask_blueprint``/``django_view`` mount it.
+content type (415), oversized (413), missing or wrong signature (401), stale or malformed
+timestamp (401), non-UTF-8, malformed or too deeply nested body (400), bad token (403),
+replayed delivery id (409). An unreachable database or Redis is a 503 with a reason.
+The receiver is framework-agnostic (``WebhookReceiver.receive`` takes the path as sent,
+bytes and headers); ``dormant.serve`` runs it over ASGI, and
+``flask_blueprint``/``django_view`` mount it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -37,6 +41,8 @@ from dormant.errors import (
     NotFound,
     PayloadTooLarge,
 )
+from dormant.http.outages import UNAVAILABLE_STATUS, unavailable_reason
+from dormant.http.paths import sent_path, sent_tail
 from dormant.http.tokens import parse_callback_url, verify
 
 __all__ = [
@@ -57,7 +63,9 @@ class WebhookSource:
     ``secret_keys``: every key verifies (rotate by adding the new key, then removing the old
     one once the sender uses it). With ``timestamp_header`` set, the signature covers
     ``"{timestamp}." + body`` and a timestamp more than ``tolerance_s`` away is refused, so a
-    captured request cannot be replayed later under a new delivery id.
+    captured request cannot be replayed later under a new delivery id. The timestamp is
+    Unix seconds in decimal digits (a fraction allowed): ``nan``, ``inf`` or ``1e9``, which
+    ``float`` would take, are refused, since ``nan`` is never "too far away".
     """
 
     name: str
@@ -123,7 +131,8 @@ class WebhookReceiver:
     def receive(
         self, path: str, query: str, headers: Mapping[str, str], body: bytes
     ) -> WebhookReply:
-        """Handle ``POST {mount}/{path}?{query}``; ``path`` is ``source/thread_id/call_id``."""
+        """Handle ``POST {mount}/{path}?{query}``; ``path`` is ``source/thread_id/call_id``
+        as sent, still percent-encoded (``paths.py``): each segment is decoded once here."""
         lowered = {k.lower(): v for k, v in headers.items()}
         try:
             message_id = self._receive(path, query, lowered, body)
@@ -134,8 +143,10 @@ class WebhookReceiver:
         except DormantError as error:
             status = next((s for kind, s in _STATUS if isinstance(error, kind)), None)
             if status is None:
-                raise
+                return _unavailable(error)
             return WebhookReply(status, {"error": str(error)})
+        except Exception as error:
+            return _unavailable(error)
         return WebhookReply(202, {"status": "queued", "message_id": message_id})
 
     def _receive(self, path: str, query: str, headers: dict[str, str], body: bytes) -> str:
@@ -158,31 +169,19 @@ class WebhookReceiver:
         if not delivery:
             raise _Refused(400, f"missing {source.delivery_header} header")
         verify(self.client.settings.secret_keys, tokens[0], thread_id, call_id, float("-inf"))
-        try:
-            payload = json.loads(body.decode("utf-8"))
-        except UnicodeDecodeError:
-            raise _Refused(400, "webhook body is not UTF-8") from None
-        except json.JSONDecodeError as error:
-            raise _Refused(400, f"webhook body is not JSON: {error}") from None
-        event = {
-            "source": source.name,
-            "event": headers.get(source.event_header.lower()) if source.event_header else None,
-            "delivery": delivery,
-            "payload": payload,
-        }
+        kind = headers.get(source.event_header.lower()) if source.event_header else None
+        content = _event_content(source.name, kind, delivery, body)
         return self.client.send_event(
-            thread_id, call_id, json.dumps(event), message_id=f"{source.name}:{delivery}"
+            thread_id, call_id, content, message_id=f"{source.name}:{delivery}"
         )
 
     def _check_signature(self, source: WebhookSource, headers: dict[str, str], body: bytes) -> None:
         signed = body
         if source.timestamp_header is not None:
             stamp = headers.get(source.timestamp_header.lower(), "")
-            try:
-                at_s = float(stamp)
-            except ValueError:
-                raise _Refused(401, f"missing or bad {source.timestamp_header} header") from None
-            if abs(self.clock() - at_s) > source.tolerance_s:
+            if not _UNIX_SECONDS.fullmatch(stamp):
+                raise _Refused(401, f"missing or bad {source.timestamp_header} header")
+            if abs(self.clock() - float(stamp)) > source.tolerance_s:
                 raise _Refused(
                     401, f"webhook timestamp is more than {source.tolerance_s:g} s away: expired"
                 )
@@ -196,6 +195,37 @@ class WebhookReceiver:
             if hmac.compare_digest(mac, expected):
                 return
         raise _Refused(401, f"{source.signature_header} does not match the body")
+
+
+_UNIX_SECONDS = re.compile(r"[0-9]{1,12}(\.[0-9]{1,9})?")
+"""A signed timestamp: decimal Unix seconds, at most a fraction; never nan or inf."""
+
+
+def _event_content(source: str, kind: str | None, delivery: str, body: bytes) -> str:
+    """The event the agent sees: the delivery's metadata and its JSON body, unchanged."""
+    try:
+        payload = json.loads(body.decode("utf-8"))
+        return json.dumps(
+            {"source": source, "event": kind, "delivery": delivery, "payload": payload}
+        )
+    except UnicodeDecodeError:
+        raise _Refused(400, "webhook body is not UTF-8") from None
+    except json.JSONDecodeError as error:
+        raise _Refused(400, f"webhook body is not JSON: {error}") from None
+    except RecursionError:
+        # Deeper than the interpreter's stack allows (some hundreds of levels): a 400 with
+        # the reason, not the server error an uncaught RecursionError becomes.
+        raise _Refused(400, "webhook body is nested too deeply") from None
+    except ValueError as error:  # an integer too long to convert
+        raise _Refused(400, f"webhook body is not JSON dormant can read: {error}") from None
+
+
+def _unavailable(error: Exception) -> WebhookReply:
+    """503 for an unreachable database or Redis; anything else is a bug, raised."""
+    reason = unavailable_reason(error)
+    if reason is None:
+        raise error
+    return WebhookReply(UNAVAILABLE_STATUS, {"error": reason})
 
 
 def webhook_url(callback_url: str, source: str) -> str:
@@ -227,7 +257,8 @@ def flask_blueprint(receiver: WebhookReceiver, name: str = "dormant_webhooks") -
     def webhook(path: str) -> tuple[dict[str, Any], int]:
         body = request.get_data(cache=False)
         query = request.query_string.decode("latin-1")
-        reply = receiver.receive(path, query, dict(request.headers), body)
+        sent = sent_tail(sent_path(request.environ), 3)  # ``path`` is decoded: see paths.py
+        reply = receiver.receive(sent, query, dict(request.headers), body)
         return reply.body, reply.status
 
     return blueprint
@@ -242,7 +273,8 @@ def django_view(receiver: WebhookReceiver) -> Callable[..., Any]:
         if request.method != "POST":
             return JsonResponse({"error": "POST only"}, status=405)
         query = request.META.get("QUERY_STRING", "")
-        reply = receiver.receive(path, query, dict(request.headers), request.body)
+        sent = sent_tail(sent_path(request.META), 3)  # ``path`` is decoded: see paths.py
+        reply = receiver.receive(sent, query, dict(request.headers), request.body)
         return JsonResponse(reply.body, status=reply.status)
 
     return view

@@ -25,6 +25,15 @@ from dormant.errors import (
 )
 from dormant.stores.base import CallState, OutboxRow, QueryStore
 from dormant.tools.base import ToolContext, ToolSink
+from dormant.tools.outcomes import (
+    AlreadyAnswered,
+    Answered,
+    CancelHookRan,
+    Raised,
+    Refused,
+    Started,
+    ToolOutcome,
+)
 
 __all__ = ["RunnerStore", "as_text", "execute_outbox", "hand_in"]
 
@@ -97,16 +106,18 @@ def execute_outbox(
     crash: Callable[[str], None] = lambda _point: None,
     *,
     hand_in_timeout_s: float = 0.0,
-) -> None:
+) -> ToolOutcome:
     """Run ``row``; every failure of the tool becomes an "Error: ..." result (never a hang).
 
     The row is marked ran once the work is done or found unnecessary, so the sweeper
     re-dispatches only rows whose task the broker lost before any worker ran it. The
     result is handed in (and the row marked) with retries for ``hand_in_timeout_s``.
+    Returns what the run did (Flower shows it).
     """
     retrying = _RetryingSink(sink, hand_in_timeout_s)
-    _run(row, store, agents, retrying, callback_url, crash)
+    outcome = _run(row, store, agents, retrying, callback_url, crash)
     hand_in(f"outbox row {row.id}", lambda: store.mark_ran([row.id]), hand_in_timeout_s)
+    return outcome if retrying.refused is None else Refused(retrying.refused)
 
 
 class _RetryingSink:
@@ -115,6 +126,10 @@ class _RetryingSink:
     def __init__(self, sink: ToolSink, timeout_s: float) -> None:
         self._sink = sink
         self._timeout_s = timeout_s
+        self.answered = False
+        """A result was handed in (a deferred tool may send its own while it runs)."""
+        self.refused: str | None = None
+        """Why the thread refused the result for good, if it did."""
 
     def tool_result(
         self, thread_id: str, call_id: str, content: str, *, is_error: bool = False
@@ -131,7 +146,7 @@ class _RetryingSink:
         try:
             self._hand_in(thread_id, call_id, content, is_error)
         except _THREAD_IS_DONE as refused:
-            _dropped(thread_id, call_id, refused)
+            self._dropped(thread_id, call_id, refused)
         except (ControlSignal, NotFound):
             raise  # a test's crash point; a thread or call that is gone (the task's to handle)
         except Exception as error:
@@ -146,7 +161,7 @@ class _RetryingSink:
             try:
                 self._hand_in(thread_id, call_id, _refusal_result(error), True)
             except _THREAD_IS_DONE as refused:
-                _dropped(thread_id, call_id, refused)
+                self._dropped(thread_id, call_id, refused)
 
     def _hand_in(self, thread_id: str, call_id: str, content: str, is_error: bool) -> None:
         hand_in(
@@ -154,6 +169,11 @@ class _RetryingSink:
             lambda: self._sink.tool_result(thread_id, call_id, content, is_error=is_error),
             self._timeout_s,
         )
+        self.answered = True
+
+    def _dropped(self, thread_id: str, call_id: str, refused: Exception) -> None:
+        log.warning("result of call %s of thread %s dropped: %s", call_id, thread_id, refused)
+        self.refused = str(refused)
 
     def tool_event(
         self,
@@ -187,10 +207,6 @@ _WHY_MAX_CHARS = 1000
 whole statement and its parameters)."""
 
 
-def _dropped(thread_id: str, call_id: str, refused: Exception) -> None:
-    log.warning("result of call %s of thread %s dropped: %s", call_id, thread_id, refused)
-
-
 def _why(error: Exception) -> str:
     if isinstance(error, MessageRejected):
         return error.reason
@@ -212,7 +228,7 @@ def _run(
     sink: _RetryingSink,
     callback_url: Callable[[str, str], str],
     crash: Callable[[str], None],
-) -> None:
+) -> ToolOutcome:
     thread = store.thread(row.thread_id)
     call = store.call(row.thread_id, row.call_id)
     tool = agents.get_agent(thread.agent).tool(call.name)
@@ -221,12 +237,11 @@ def _run(
         sink.tool_result(
             row.thread_id, row.call_id, f"Error: tool {call.name!r} is not installed", is_error=True
         )
-        return
+        return Raised(f"tool {call.name!r} is not installed")
     if row.action == "cancel":
-        _cancel(tool.on_cancel, ctx)
-        return
+        return CancelHookRan(tool.on_cancel is not None, _cancel(tool.on_cancel, ctx))
     if call.state is not CallState.PENDING:
-        return  # answered meanwhile: a re-dispatch must not run the tool twice
+        return AlreadyAnswered()  # answered meanwhile: a re-dispatch must not run the tool twice
     crash("in_tool")
     try:
         value = tool.invoke(call.args, ctx)
@@ -241,16 +256,21 @@ def _run(
         sink.tool_result(
             row.thread_id, row.call_id, f"Error: {type(error).__name__}: {error}", is_error=True
         )
-        return
+        return Raised(f"{type(error).__name__}: {error}")
     if not tool.deferred:
         sink.tool_result(row.thread_id, row.call_id, as_text(value))
+        return Answered()
+    return Answered() if sink.answered else Started()
 
 
-def _cancel(hook: Callable[[ToolContext], None] | None, ctx: ToolContext) -> None:
-    """Run a subscription's cancel hook; its failure is logged (the call is cancelled anyway)."""
+def _cancel(hook: Callable[[ToolContext], None] | None, ctx: ToolContext) -> str | None:
+    """Run a subscription's cancel hook; its failure is logged and returned (the call is
+    cancelled anyway)."""
     if hook is None:
-        return
+        return None
     try:
         hook(ctx)
-    except Exception:
+    except Exception as error:
         log.exception("cancel hook failed for call %s of thread %s", ctx.call_id, ctx.thread_id)
+        return f"{type(error).__name__}: {error}"
+    return None

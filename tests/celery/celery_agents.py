@@ -173,6 +173,18 @@ def _dump(history: Sequence[Item]) -> Completion:
     return reply("dumping", call("dump_table", table="orders"))
 
 
+def explode(reason: str) -> str:
+    """A tool that always raises."""
+    raise RuntimeError(reason)
+
+
+def _toolbox(history: Sequence[Item]) -> Completion:
+    """Starts a build (deferred: its result never comes here) and a tool that raises."""
+    if isinstance(_last(history), UserText):
+        return reply("", call("run_build", target="main"), call("explode", reason="disk full"))
+    return reply("noted")
+
+
 echo = Agent("echo", model=_Recorded(ScriptedModel(_echo)))
 calc = Agent("calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.05), tools=[add])
 slow_calc = Agent("slow_calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.3), tools=[add])
@@ -189,8 +201,9 @@ buggy = Agent("buggy", model=_Buggy())
 
 picky = Agent("picky", model=ScriptedModel(_picky))
 dumper = Agent("dumper", model=ScriptedModel(_dump), tools=[dump_table])
+toolbox = Agent("toolbox", model=ScriptedModel(_toolbox), tools=[run_build, explode])
 
-AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy, picky, dumper]
+AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy, picky, dumper, toolbox]
 
 
 @worker_ready.connect

@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 from conftest import Deployment, wait_until
@@ -81,3 +82,49 @@ def test_the_callback_server_receives_a_signed_callback(deploy: Callable[..., De
     finally:
         server.kill()
         server.wait()
+
+
+def test_the_callback_server_keeps_a_slash_and_a_percent_sign_inside_a_thread_id(
+    deploy: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    """wsgiref hands the app a decoded path, where an encoded "/" has become a separator:
+    ``dormant callbacks`` reads the request target as sent, and logs it without the token."""
+    d = deploy()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log_path = tmp_path / "callbacks.log"
+    with log_path.open("wb") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "dormant.cli", "callbacks", "--port", str(port)],
+            env={**os.environ, **d.env},
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    try:
+        client = d.client()
+        thread_id = client.launch("calc", "hello", thread_id="team/a%41b")
+        snap = client.store.load(thread_id)
+        record = CallRecord("call_x", "add", {"a": 1, "b": 2}, 1, CallState.PENDING)
+        commit = Commit(thread_id, snap.thread.version, snap.thread.status, 0, calls=[record])
+        assert client.store.commit(commit) is not None
+        path = client.callback_url(thread_id, "call_x").split("/", 3)[3]
+        assert "/team%2Fa%2541b/call_x?token=" in path
+
+        def listening() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/").status_code == 405
+            except httpx.ConnectError:
+                return False
+
+        wait_until(listening, 20, "the callback server to listen")
+        answer = httpx.post(f"http://127.0.0.1:{port}/{path}", json={"result": "3"})
+        assert answer.status_code == 202, answer.text
+        contents = [getattr(r.message, "content", None) for r in client.store.inbox(thread_id)]
+        assert contents.count("3") == 1
+    finally:
+        server.kill()
+        server.wait()
+    logged = log_path.read_text()
+    assert '/team%2Fa%2541b/call_x" 202' in logged, logged
+    assert "token=" not in logged, logged

@@ -18,6 +18,7 @@ import re
 import socket
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -30,6 +31,9 @@ from dormant.stores.base import Priority, ThreadStatus
 
 Task = dict[str, Any]
 DEADLINE_S = 60
+ROOT = Path(__file__).resolve().parents[2]
+SEARCH_TOOL_ERRORS = "name:dormant.tool result:error"
+"""docs/monitoring.md's search for tool runs that raised."""
 
 
 def _flower_unavailable(reason: str) -> None:
@@ -67,11 +71,18 @@ class Flower:
         return response.text
 
 
-def _start_flower(d: Deployment) -> Flower:
+def documented_columns() -> list[str]:
+    """The ``--tasks_columns`` docs/monitoring.md tells users to start Flower with."""
+    text = (ROOT / "docs" / "monitoring.md").read_text()
+    (columns,) = set(re.findall(r"--tasks_columns=([\w,]+)", text))
+    return columns.split(",")
+
+
+def _start_flower(d: Deployment, *options: str) -> Flower:
     if importlib.util.find_spec("flower") is None:
         _flower_unavailable("flower is not installed (it is in the dev dependency group)")
     port = _free_port()
-    argv = ["-A", "dormant.worker", "flower", f"--port={port}", "--address=127.0.0.1"]
+    argv = ["-A", "dormant.worker", "flower", f"--port={port}", "--address=127.0.0.1", *options]
     # Flower's task list is built from the events it receives: persistence stays off.
     env = {"FLOWER_UNAUTHENTICATED_API": "true", "DORMANT_AGENTS": ""}
     proc = d._start("flower", argv, env)
@@ -182,6 +193,53 @@ def test_flower_names_slices_by_agent_and_tools_by_tool_and_says_what_the_thread
     assert tool["result"] == "'done'", tool
     # Flower's own filter by task type finds the agent's slices.
     assert set(flower.tasks(taskname="dormant.slice[calc]") or {}) >= {t["uuid"] for t in slices}
+
+
+@pytest.mark.timeout(300)
+def test_flower_says_what_each_tool_run_did_and_shows_the_thread_id_in_the_documented_columns(
+    deploy: Callable[..., Deployment],
+) -> None:
+    """A deferred tool whose result has not come and a tool that raised both showed 'done'."""
+    d = deploy()
+    worker = d.start_worker("w1", concurrency=2)
+    columns = documented_columns()
+    flower = _start_flower(d, f"--tasks_columns={','.join(columns)}")
+    d.wait_ready(worker, timeout_s=DEADLINE_S)
+    client = d.client()
+    _wait_until_flower_listens(d, client, flower)
+
+    thread_id = client.launch("toolbox", "build main")
+
+    def both_tools_ran() -> dict[str, Task] | None:
+        tools = _of_thread(flower.tasks() or {}, "dormant.tool", thread_id)
+        if len(tools) == 2 and all(t.get("state") == "SUCCESS" for t in tools):
+            return {t["name"]: t for t in tools}
+        return None
+
+    tools = wait_until(
+        both_tools_ran, DEADLINE_S, "Flower to show both tool runs", check=d.check_alive
+    )
+    assert tools["dormant.tool[run_build]"]["result"] == "'started; result pending via callback'"
+    assert tools["dormant.tool[explode]"]["result"] == "'error: RuntimeError: disk full'"
+    assert client.thread(thread_id).status is ThreadStatus.WAITING  # run_build still pending
+
+    # Flower draws the columns in the order given. It cuts args, kwargs and result at 400
+    # pixels, but not the exception, so every column after a long exception is off screen:
+    # the thread id (in kwargs) must come before it.
+    page = httpx.get(f"{flower.url}/tasks", timeout=5.0).text
+    shown = re.findall(r'<th data-column="(\w+)"', page)
+    assert shown == columns, shown
+    assert shown.index("kwargs") < shown.index("exception"), shown
+    assert f"'thread_id': '{thread_id}'" in tools["dormant.tool[explode]"]["kwargs"]
+
+    # The search docs/monitoring.md gives finds the tool that raised, not the deferred one.
+    assert f"`{SEARCH_TOOL_ERRORS}`" in (ROOT / "docs" / "monitoring.md").read_text()
+    params = {
+        **{"draw": "1", "start": "0", "length": "100", "search[value]": SEARCH_TOOL_ERRORS},
+        **{"order[0][column]": "0", "order[0][dir]": "desc", "columns[0][data]": "received"},
+    }
+    found = httpx.get(f"{flower.url}/tasks/datatable", params=params, timeout=5.0).json()
+    assert {t["uuid"] for t in found["data"]} == {tools["dormant.tool[explode]"]["uuid"]}
 
 
 def _metric(text: str, name: str, **labels: str) -> float:

@@ -175,7 +175,10 @@ def direct_transaction(
     rolled back on any error; driver errors come out as ``sqlalchemy.exc`` errors."""
     dialect = engine.dialect
     dbapi_error = dialect.loaded_dbapi.Error
-    fairy = engine.raw_connection()
+    try:
+        fairy = engine.raw_connection()
+    except dbapi_error as exc:  # the server refused or is unreachable: not yet translated
+        raise DBAPIError.instance(None, None, exc, dbapi_error, dialect=dialect) from exc
     raw = fairy.dbapi_connection
     postgres = dialect.name == "postgresql"
     isolated = postgres and snapshot
