@@ -28,6 +28,7 @@ from dormant.settings import Settings
 from dormant.stores.base import OutboxRow, Priority, Store
 from dormant.stores.memory.store import MemoryStore
 from dormant.stores.memory.sync import MemoryDedup, MemoryLease
+from dormant.tools.claims import held_claim
 from dormant.tools.runner import execute_outbox
 
 __all__ = ["LocalSystem", "open_store"]
@@ -216,7 +217,15 @@ class LocalSystem(BaseClient):
             self.slices_run += 1
 
     def _run_tool(self, row: OutboxRow) -> None:
-        execute_outbox(row, self.store, self.deps.agents, self, self.callback_url, self.deps.crash)
+        """Run the row under a claim in the store, as a Celery tool task does: a copy the
+        sweeper sent again, here or from another process on the same database, finds the
+        row claimed or ran and does nothing; a run this process died in is sent again
+        once its claim lapses."""
+        with held_claim(self.store, row.id, self.settings.tool_claim_ttl_s) as claimed:
+            if claimed:
+                execute_outbox(
+                    row, self.store, self.deps.agents, self, self.callback_url, self.deps.crash
+                )
 
     def _submit(self, fn: Callable[..., None], arg: object, priority: int) -> None:
         """Queue ``fn(arg)`` by priority: the pool thread that frees up next runs the most

@@ -108,9 +108,10 @@ def install(
 
     Only adds: the three tasks, the three queues, routes for dormant's task names and the
     sweep, which runs in the app's beat process (``celery/beat_sweep.py``); the app's own
-    defaults are left alone. The queues join the set a worker started without ``-Q``
-    consumes (Celery 5 fixes that set when the queue table is built, so a plain ``add``
-    would only route to them); ``-Q`` and ``-X`` still choose.
+    defaults are left alone. The queues join ``task_queues`` beside the app's own (its
+    default queue included), so every queue table built from the configuration has them,
+    whatever reads it first (``celery purge``, a worker started without ``-Q``); ``-Q`` and
+    ``-X`` still choose.
     The tasks carry the options that matter per task (late ack, JSON); run the workers that
     consume dormant's queues with ``worker_prefetch_multiplier = 1`` and ``-P threads``.
     """
@@ -194,7 +195,7 @@ def _add_routing(celery_app: Celery, settings: Settings) -> None:
     elif isinstance(existing, dict | str):
         existing = (existing,)
     conf.task_routes = (ours, *existing)
-    _consume_ours(celery_app)
+    _declare_ours(celery_app)
     # The sweep is not a beat entry: beat runs it itself (celery/beat_sweep.py), so an idle
     # deployment publishes nothing. Pruning is an hourly task, opt-in.
     if settings.prune_older_than_s > 0:  # retention is opt-in: deleting is the user's call
@@ -204,6 +205,23 @@ def _add_routing(celery_app: Celery, settings: Settings) -> None:
             "schedule": settings.prune_interval_s,
             "options": {"queue": QUEUE_BACKGROUND, "expires": settings.prune_interval_s},
         }
+
+
+def _declare_ours(celery_app: Celery) -> None:
+    """Add dormant's queues to ``task_queues``, which every queue table is built from.
+
+    This runs as the configuration loads, and that may be inside the first read of
+    ``app.amqp.queues`` (``celery purge`` reads it first): a table built here would be
+    replaced by the one that read then builds from ``task_queues``. So the queues go into
+    the configuration, with the app's own (its default queue included, as Celery declares
+    it when ``task_queues`` is unset); only a table built before ``install`` is added to.
+    """
+    conf = celery_app.conf
+    declared = celery_app.amqp.Queues(conf.task_queues)  # a new table: the cached one is left
+    ours = [queue for queue in dormant_queues() if queue.name not in declared]
+    conf.task_queues = [*declared.values(), *ours]
+    if "queues" in vars(celery_app.amqp):  # read before install: that table stays in use
+        _consume_ours(celery_app)
 
 
 def _consume_ours(celery_app: Celery) -> None:

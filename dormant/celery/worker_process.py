@@ -48,9 +48,12 @@ def start_worker(
     app) and ``click_repl``, about half of a worker's start-up CPU, for a worker that needs
     none of them. Returns the worker's exit code (``worker_main`` drops it)."""
     from celery.apps.worker import Worker  # the worker's own modules: not for clients
+    from celery.utils.nodenames import default_nodename, host_format
 
     worker: Worker = celery_app.Worker(
-        hostname=hostname,
+        # As Celery's command line does for -n: "w1@%h" names the worker after this host
+        # (%h, %n and %d: the host, its first label and its domain).
+        hostname=host_format(default_nodename(hostname)) if hostname else None,
         pool_cls="threads",
         concurrency=concurrency,
         queues=list(queues),

@@ -30,7 +30,12 @@ def worker(
         str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")
     ] = _DEFAULT_QUEUES,
     loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info",
-    hostname: Annotated[str, typer.Option("--hostname", "-n", help="Celery node name.")] = "",
+    hostname: Annotated[
+        str,
+        typer.Option(
+            "--hostname", "-n", help="Celery node name, e.g. w1@%h (%h, %n, %d as in Celery)."
+        ),
+    ] = "",
 ) -> None:
     """Run a Celery worker (threads pool) that runs slices and tools."""
     from dormant.celery.worker_process import run_worker

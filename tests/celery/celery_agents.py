@@ -173,6 +173,7 @@ def _dump(history: Sequence[Item]) -> Completion:
     return reply("dumping", call("dump_table", table="orders"))
 
 
+@tool
 def explode(reason: str) -> str:
     """A tool that always raises."""
     raise RuntimeError(reason)

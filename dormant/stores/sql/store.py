@@ -98,7 +98,10 @@ def _migrate(engine: Engine, table_prefix: str = "") -> None:
     from alembic import command
 
     config = _alembic_config(engine.url, table_prefix)
-    with engine.begin() as conn:
+    # On SQLite the migration takes the write lock before it reads the version table: two
+    # processes opening a new file at once then run one after the other (the second finds
+    # the tables made), as PostgreSQL's advisory lock in env.py makes them there.
+    with engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"}).begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
