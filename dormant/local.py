@@ -271,8 +271,15 @@ class LocalSystem(BaseClient):
             self._nudge.clear()
 
     def _sleep_s(self) -> float:
-        due = self.store.next_timer_due()
+        """Until the next timer is due, at most one interval. A store that cannot say (a
+        database briefly unreachable) gets the interval: the loop must outlive an outage,
+        or nothing in this process would sweep again."""
         interval_s = self.settings.sweep_interval_s
+        try:
+            due = self.store.next_timer_due()
+        except Exception:
+            log.warning("next timer unknown, sweeping again in %.1f s", interval_s, exc_info=True)
+            return interval_s
         if due is None:
             return interval_s
         return max(0.0, min(interval_s, (due - datetime.now(UTC)).total_seconds()))

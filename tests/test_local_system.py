@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -139,3 +140,33 @@ def test_many_threads_with_tools_run_concurrently_on_a_sqlite_file(tmp_path: Pat
         assert sorted(final_text(system, t) for t in ids) == sorted(
             f"done: job-{n} finished" for n in range(30)
         )
+
+
+def test_the_sweeper_outlives_a_store_that_fails_between_sweeps() -> None:
+    """The sweeper thread asks the store when the next timer is due between sweeps; an
+    outage there (a database briefly unreachable) used to end the thread for good, so no
+    timer of the process fired again."""
+
+    def nap(items: Sequence[Item]) -> Completion:
+        if isinstance(items[-1], UserText):
+            return reply("napping", call("sleep", seconds=0.3))
+        return reply("rested")
+
+    settings = Settings(secret_keys=("k",), sweep_interval_s=0.1)
+    napper = Agent("napper", model=ScriptedModel(nap))
+    with LocalSystem([napper], settings=settings) as system:
+        failures = [ConnectionError("database unreachable")]
+        next_due = system.store.next_timer_due
+
+        def flaky_next_due() -> datetime | None:
+            if failures:
+                raise failures.pop()
+            return next_due()
+
+        system.store.next_timer_due = flaky_next_due  # type: ignore[method-assign]
+        thread_id = system.launch("napper", "take a nap")
+        deadline = time.monotonic() + 20
+        while "rested" not in [getattr(i, "text", None) for i in system.history(thread_id)]:
+            assert time.monotonic() < deadline, "the timer never fired: the sweeper died"
+            time.sleep(0.05)  # polling for the sweeper's work, with a deadline
+        assert not failures, "the store never failed: the test tested nothing"
