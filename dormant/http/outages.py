@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from dormant.errors import DatabaseUnavailable, RedisUnavailable, Unavailable
+from dormant.stores.outages import unreachable_server
 
 __all__ = ["UNAVAILABLE_STATUS", "unavailable_reason"]
 
@@ -21,30 +21,11 @@ log = logging.getLogger("dormant.http")
 def unavailable_reason(error: BaseException) -> str | None:
     """The reason to send for ``error`` if it is an outage (and log it), else None.
 
-    The drivers' modules are imported only here, once something failed: the receivers
-    load neither SQLAlchemy nor redis for a ``LocalSystem`` on the memory store.
+    The drivers' modules are imported only once something failed
+    (``stores/outages.py``).
     """
-    server = _unavailable_server(error)
+    server = unreachable_server(error)
     if server is None:
         return None
     log.warning("a request found %s unavailable: %s: %s", server, type(error).__name__, error)
     return f"{server} is unavailable: try again later"
-
-
-def _unavailable_server(error: BaseException) -> str | None:
-    if isinstance(error, DatabaseUnavailable):
-        return "the database"
-    if isinstance(error, RedisUnavailable):
-        return "Redis"
-    if isinstance(error, Unavailable):
-        return "a server the receiver needs"
-    import redis.exceptions
-    import sqlalchemy.exc
-
-    # TimeoutError: every pooled connection is busy (the pool's timeout); an overload.
-    database = sqlalchemy.exc.OperationalError | sqlalchemy.exc.InterfaceError
-    if isinstance(error, database | sqlalchemy.exc.TimeoutError):
-        return "the database"
-    if isinstance(error, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
-        return "Redis"
-    return None

@@ -24,6 +24,7 @@ from dormant.errors import (
     ThreadClosed,
 )
 from dormant.stores.base import CallState, OutboxRow, QueryStore
+from dormant.stores.outages import unreachable_server
 from dormant.tools.base import ToolContext, ToolSink
 from dormant.tools.outcomes import (
     AlreadyAnswered,
@@ -55,23 +56,8 @@ def as_text(value: Any) -> str:
 
 
 def _transient(error: Exception) -> bool:
-    """A server briefly unreachable (a restarting PostgreSQL or Redis): worth trying again.
-
-    The drivers' modules are imported only when something failed: ``LocalSystem`` on the
-    memory store needs neither (``import dormant`` stays light, tests/test_import_cost.py).
-    """
-    if isinstance(error, OSError):
-        return True
-    import redis.exceptions
-    import sqlalchemy.exc
-
-    return isinstance(
-        error,
-        sqlalchemy.exc.OperationalError
-        | sqlalchemy.exc.InterfaceError
-        | redis.exceptions.ConnectionError
-        | redis.exceptions.TimeoutError,
-    )
+    """A server briefly unreachable (a restarting PostgreSQL or Redis): worth trying again."""
+    return isinstance(error, OSError) or unreachable_server(error) is not None
 
 
 _HAND_IN_BACKOFF_S = (0.2, 5.0)
