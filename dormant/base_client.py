@@ -35,6 +35,7 @@ from dormant.messages import (
     ToolResultMessage,
     UserMessage,
 )
+from dormant.runtime.close import Closing, close_thread
 from dormant.runtime.history import pending
 from dormant.settings import Settings
 from dormant.stores.base import (
@@ -42,6 +43,7 @@ from dormant.stores.base import (
     Lease,
     NewThread,
     NewTimer,
+    OutboxRow,
     Priority,
     Store,
     StoredItem,
@@ -91,6 +93,15 @@ class BaseClient(ABC):
     @abstractmethod
     def events(self, thread_id: str) -> list[Event]:
         """Recent live events of ``thread_id``."""
+
+    @abstractmethod
+    def dispatch(self, row: OutboxRow) -> None:
+        """Send an outbox row's work (a close's "cancel" hooks). One that sends nothing
+        leaves it to the sweeper, which sends rows older than ``outbox_grace_s``."""
+
+    @abstractmethod
+    def publish(self, event: Event) -> None:
+        """Publish a live event (a close's status change)."""
 
     # writing ----------------------------------------------------------------------------
 
@@ -232,6 +243,21 @@ class BaseClient(ABC):
             thread = self.store.set_status(thread_id, status)
         self.wake(thread_id, Priority.INTERACTIVE)
         return thread
+
+    def close_thread(self, thread_id: str, *, reason: str = "closed by request") -> ThreadInfo:
+        """Close a thread (a root or a child) and its descendants; its record after.
+
+        Every pending call gets an error result, its subscriptions and timers are
+        cancelled, its queued messages are rejected with ``reason`` and later ones are
+        refused (``ThreadClosed``); a child's parent is told. A slice running meanwhile
+        stops at its next lease renewal and writes nothing. ``reason`` stays on the
+        thread's record (``closed_reason``). Closing a closed thread returns it unchanged.
+        Raises ``UnknownThread``.
+        """
+        closing = Closing(self.store, dispatcher=self, lease=self.lease, events=self)
+        closed = close_thread(thread_id, reason, closing)
+        assert closed is not None  # only an idle-limit close can find nothing to do
+        return closed
 
     # reading ----------------------------------------------------------------------------
 

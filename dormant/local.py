@@ -6,6 +6,7 @@ outbox rows a crash left behind and re-wakes threads with unapplied inbox rows.
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -19,8 +20,9 @@ from types import TracebackType
 
 from dormant.agents import Agent, AgentRegistry
 from dormant.base_client import BaseClient
-from dormant.errors import DormantError, ThreadsFailed
+from dormant.errors import DormantError, LeaseLost, ThreadsFailed
 from dormant.messages import Chunk, Event
+from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.idle import IdleReport, failed_threads
 from dormant.runtime.slice import SliceDeps, run_slice
 from dormant.runtime.sweeper import sweep_once
@@ -164,6 +166,9 @@ class LocalSystem(BaseClient):
     def events(self, thread_id: str) -> list[Event]:
         return self._log.recent(thread_id)
 
+    def publish(self, event: Event) -> None:
+        self._log.publish(event)
+
     # the Dispatcher protocol -------------------------------------------------------------
 
     def wake(self, thread_id: str, priority: int) -> None:
@@ -210,7 +215,10 @@ class LocalSystem(BaseClient):
     def _run_slice(self, thread_id: str) -> None:
         with self._lock:
             self._queued.pop(thread_id, None)
-        run_slice(thread_id, self.deps)
+        try:
+            run_slice(thread_id, self.deps)
+        except LeaseLost:  # closed meanwhile (close_thread revoked the lease): nothing written
+            log.info("slice of thread %s stopped: its lease was taken or revoked", thread_id)
         with self._lock:
             self.slices_run += 1
 
@@ -269,4 +277,8 @@ class LocalSystem(BaseClient):
 
     def _sweep_once(self, grace_s: float, lost_after_s: float | None = None) -> bool:
         lost_after_s = self.settings.visibility_timeout_s if lost_after_s is None else lost_after_s
-        return sweep_once(self.store, self.lease, self, datetime.now(UTC), grace_s, lost_after_s)
+        closing = Closing(self.store, dispatcher=self, lease=self.lease, events=self)
+        close_idle = functools.partial(close_idle_threads, closing, self.deps.agents)
+        return sweep_once(
+            self.store, self.lease, self, datetime.now(UTC), grace_s, lost_after_s, close_idle
+        )

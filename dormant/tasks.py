@@ -14,6 +14,7 @@ tests exercise real deaths: the unacknowledged task and the lease are left behin
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -31,6 +32,7 @@ from dormant.celery.dispatch import CeleryDispatcher
 from dormant.client import Client
 from dormant.errors import CrashPoint, LeaseLost, NotFound, SliceFailed
 from dormant.ops.prune import prune
+from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.slice import (
     Busy,
     Closed,
@@ -262,8 +264,16 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
         lost_after_s = min(
             settings.tool_start_timeout_s, settings.visibility_timeout_s + settings.outbox_grace_s
         )
+        closing = Closing(rt.store, rt.dispatcher, rt.deps.lease, rt.deps.events)
+        close_idle = functools.partial(close_idle_threads, closing, rt.deps.agents)
         woke = sweep_once(
-            rt.store, rt.deps.lease, rt.dispatcher, now, settings.outbox_grace_s, lost_after_s
+            rt.store,
+            rt.deps.lease,
+            rt.dispatcher,
+            now,
+            settings.outbox_grace_s,
+            lost_after_s,
+            close_idle,
         )
         if woke:
             log.info("sweep re-drove work: due timers, stranded outbox rows or unapplied inbox")

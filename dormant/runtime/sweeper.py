@@ -8,6 +8,7 @@ and a redundant wake finds the lease taken or the inbox empty.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from dormant.runtime.slice import Dispatcher
@@ -23,12 +24,14 @@ def sweep_once(
     now: datetime,
     grace_s: float,
     lost_after_s: float,
+    close_idle: Callable[[datetime], bool] | None = None,
 ) -> bool:
     """Fire due timers; re-dispatch outbox rows whose run stopped renewing its claim (its
     worker died), rows never dispatched after ``grace_s``, and rows dispatched
     ``lost_after_s`` ago that no worker started (the broker lost the task); re-wake threads
-    with unapplied inbox rows, no live lease and no pending backoff. True if anything was
-    done."""
+    with unapplied inbox rows, no live lease and no pending backoff; with ``close_idle``
+    (``runtime/close.py``), close threads idle past their agent's limit. True if anything
+    was done."""
     woke = False
     for row in store.fire_due_timers(now):
         dispatcher.wake(row.thread_id, row.priority)
@@ -46,4 +49,6 @@ def sweep_once(
         if not lease.held(thread_id):
             dispatcher.wake(thread_id, priority)
             woke = True
+    if close_idle is not None and close_idle(now):
+        woke = True
     return woke

@@ -107,6 +107,9 @@ class ThreadInfo:
     """The highest inbox id a committed slice has looked at (informational)."""
     retry_at: datetime | None = None
     """After a failed slice: the sweeper leaves the thread alone until then (backoff)."""
+    closed_reason: str = ""
+    """Why the thread was closed (``close_thread(reason=...)``, an idle limit, an
+    ancestor's close); empty while it is open, or when it closed itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +264,8 @@ class Commit:
     """Messages for other threads, (thread_id, message_id, message, priority), written in
     the same transaction (a child's seed, a report to a parent); duplicates are ignored."""
     usage: Usage | None = None
+    closed_reason: str = ""
+    """With status closed: why (kept on the thread's record, shown by ``dormant show``)."""
 
 
 class SliceStore(Protocol):
@@ -414,6 +419,11 @@ class SweepStore(Protocol):
 
     def next_timer_due(self) -> datetime | None: ...
 
+    def idle_threads(self, agent: str, idle_before: datetime, limit: int = 100) -> list[str]:
+        """Threads of ``agent`` idle (status idle) since before ``idle_before``, by their
+        last commit, longest idle first: what ``Agent(close_after_idle_s=...)`` closes."""
+        ...
+
     def prune_batch(
         self, older_than: datetime, limit: int, *, dry_run: bool = False
     ) -> PruneCounts:
@@ -456,4 +466,9 @@ class Lease(Protocol):
 
     def held(self, thread_id: str) -> bool:
         """Whether a live (unexpired) lease exists: the sweeper leaves such threads alone."""
+        ...
+
+    def revoke(self, thread_id: str) -> None:
+        """Drop the thread's lease whoever holds it, so the holder's next renewal fails
+        (``LeaseLost``): closing a thread stops a running slice at its next boundary."""
         ...

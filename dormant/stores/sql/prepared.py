@@ -124,7 +124,7 @@ class Prepared:
         self.call: Select[Any] = self.calls_of.where(calls.c.call_id == bindparam("call_id"))
         its_call = and_(calls.c.thread_id == threads.c.id, calls.c.call_id == bindparam("call_id"))
         self.thread_and_call: Select[Any] = (
-            select(threads.c.status, calls.c.state, calls.c.subscription)
+            select(threads.c.status, threads.c.closed_reason, calls.c.state, calls.c.subscription)
             .select_from(threads.outerjoin(calls, its_call))
             .where(threads.c.id == bindparam("thread_id"))
             .with_for_update(read=True, of=threads)

@@ -111,6 +111,7 @@ class ThreadColumns(SQLModel):
     last_error: str = Field(default="", sa_type=Text)
     inbox_seen: int = Field(default=0, sa_type=BigInteger)
     retry_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    closed_reason: str = Field(default="", sa_type=Text)
     # "metadata" is reserved on declarative classes: the attribute is renamed, not the column.
     meta: dict[str, Any] = Field(
         default_factory=dict, sa_type=JSON, sa_column_kwargs={"name": "metadata"}
@@ -233,6 +234,7 @@ def schema(prefix: str = "") -> Schema:
             Index(None, "created_at", "id"),
             Index(None, "root_id"),
             partial("threads_closed", "updated_at", where="status = 'closed'"),
+            partial("threads_idle", "agent", "updated_at", where="status = 'idle'"),
         ),
         items=table(
             ItemColumns,
