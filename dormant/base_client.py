@@ -34,6 +34,7 @@ from dormant.messages import (
     Item,
     ToolResultMessage,
     UserMessage,
+    UserText,
 )
 from dormant.runtime.close import Closing, close_thread
 from dormant.runtime.history import pending
@@ -160,12 +161,16 @@ class BaseClient(ABC):
             self._wake_saved(thread_id, Priority.INTERACTIVE)
 
     def _launched_with(self, thread_id: str, message_id: str, text: str) -> bool:
-        """Whether ``message_id`` of the thread is user ``text`` (a retried launch)."""
+        """Whether ``message_id`` of the thread is user ``text`` (a retried launch): its
+        inbox row, or, once retention pruned that, the history item it became."""
+        for row in self.store.inbox(thread_id):
+            if row.message_id == message_id:
+                return isinstance(row.message, UserMessage) and row.message.text == text
         return any(
-            row.message_id == message_id
-            and isinstance(row.message, UserMessage)
-            and row.message.text == text
-            for row in self.store.inbox(thread_id)
+            stored.message_id == message_id
+            and isinstance(stored.item, UserText)
+            and stored.item.text == text
+            for stored in self.store.own_items(thread_id)
         )
 
     def send(self, thread_id: str, text: str, *, message_id: str | None = None) -> str:

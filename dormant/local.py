@@ -1,7 +1,8 @@
 """``LocalSystem``: the embedded runtime; one process, SQLite or memory, no servers.
 
 Slices and tools run on a thread pool; a sweeper thread fires due timers, re-dispatches
-outbox rows a crash left behind and re-wakes threads with unapplied inbox rows.
+outbox rows a crash left behind, re-wakes threads with unapplied inbox rows, closes
+threads idle past their agent's limit and, with ``Settings.prune_older_than_s``, prunes.
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
 from dormant.agents import Agent, AgentRegistry
 from dormant.base_client import BaseClient
 from dormant.errors import DormantError, LeaseLost, ThreadsFailed
 from dormant.messages import Chunk, Event
+from dormant.ops.prune import prune
 from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.idle import IdleReport, failed_threads
 from dormant.runtime.slice import SliceDeps, run_slice
@@ -260,13 +262,25 @@ class LocalSystem(BaseClient):
     # the sweeper ----------------------------------------------------------------------
 
     def _sweep_loop(self) -> None:
+        prune_at = time.monotonic()
         while not self._stop.is_set():
             try:
                 self._sweep_once(grace_s=self.settings.outbox_grace_s)
+                if self.settings.prune_older_than_s > 0 and time.monotonic() >= prune_at:
+                    prune_at = time.monotonic() + self.settings.prune_interval_s
+                    self._prune()
             except Exception:
                 log.exception("sweep failed")
             self._nudge.wait(timeout=self._sleep_s())
             self._nudge.clear()
+
+    def _prune(self) -> None:
+        """Retention, as beat's ``dormant.prune`` does it (``Settings.prune_older_than_s``,
+        every ``prune_interval_s``)."""
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.settings.prune_older_than_s)
+        counts = prune(self.store, cutoff, batch=self.settings.prune_batch_size)
+        if counts.total:
+            log.info("pruned %d rows, %d of them threads", counts.total, counts.threads)
 
     def _sleep_s(self) -> float:
         due = self.store.next_timer_due()

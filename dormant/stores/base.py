@@ -172,7 +172,7 @@ class PruneCounts:
     """What one retention batch deleted (``Store.prune_batch``)."""
 
     threads: int = 0
-    """Closed threads deleted, each with its items, calls, inbox, outbox and timers."""
+    """Closed threads deleted, each with every row it owns."""
     inbox: int = 0
     """Finished (done, rejected) inbox rows of live threads."""
     outbox: int = 0
@@ -429,9 +429,13 @@ class SweepStore(Protocol):
     ) -> PruneCounts:
         """Delete, in short transactions of at most ``limit`` rows each: closed thread trees
         (a root and every descendant, all closed and untouched since ``older_than``) with
-        everything they own, then finished inbox rows, ran outbox rows and fired timers
-        older than ``older_than``. ``dry_run`` deletes nothing and counts every candidate
-        (not one batch's worth; its row counts include the rows of the trees it counts)."""
+        everything they own; closed subtrees under an open parent that has applied what
+        they sent it (no waiting or quarantined row of the parent older than the subtree
+        top's last change); then finished inbox rows, ran outbox rows and fired timers
+        older than ``older_than``. A pruned inbox row's message id stays a duplicate: in
+        the history, or remembered by the store (SQL: a digest in ``pruned_ids``; memory:
+        its digest set). ``dry_run`` deletes nothing and counts every candidate (not one
+        batch's worth; its row counts include the rows of the trees it counts)."""
         ...
 
 

@@ -34,6 +34,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.closing import close_calls, streams_to_stop
+from dormant.stores.digest import message_digest
 from dormant.stores.sql.direct import run, run_many
 from dormant.stores.sql.items import ItemCache
 from dormant.stores.sql.prepared import prepared
@@ -68,6 +69,7 @@ __all__ = [
     "insert_outbox",
     "insert_timers",
     "own_items",
+    "seen_before",
     "upsert_calls",
 ]
 
@@ -215,9 +217,19 @@ def check_inbound(
     if answered_ok or state != CallState.ANSWERED.value or subscription:
         return
     mine = {"thread_id": thread_id, "message_id": message_id}
-    if run(conn, ready.inbox_id_of, mine).first() is not None:
+    if run(conn, ready.inbox_id_of, mine).first() is not None or seen_before(
+        conn, thread_id, message_id
+    ):
         raise DuplicateMessage(thread_id, message_id)
     raise CallAnswered(thread_id, message.call_id, message_id)
+
+
+def seen_before(conn: Connection, thread_id: str, message_id: str) -> bool:
+    """Whether the thread had ``message_id`` though its inbox may no longer hold it: an item
+    of its history came from it, or retention pruned its row (``pruned_ids``)."""
+    digest = message_digest(message_id)
+    params: dict[str, Any] = {"thread_id": thread_id, "message_id": message_id, "digest": digest}
+    return run(conn, prepared(conn).seen_before, params).first() is not None
 
 
 def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:

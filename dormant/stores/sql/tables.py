@@ -29,6 +29,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -47,6 +48,7 @@ __all__ = [
     "InboxColumns",
     "ItemColumns",
     "OutboxColumns",
+    "PrunedIdColumns",
     "Schema",
     "ThreadColumns",
     "TimerColumns",
@@ -185,6 +187,15 @@ class TimerColumns(SQLModel):
     fired_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+class PrunedIdColumns(SQLModel):
+    """A message id retention pruned from a live thread's inbox that left no item in its
+    history, as an 8-byte digest (``stores/digest.py``): it stays a duplicate while the
+    thread lives, and goes with it."""
+
+    thread_id: str = Field(sa_type=String)
+    digest: bytes = Field(sa_type=LargeBinary)
+
+
 # The tables, per prefix ----------------------------------------------------------------
 
 
@@ -200,6 +211,7 @@ class Schema:
     inbox: Table
     outbox: Table
     timers: Table
+    pruned_ids: Table
 
 
 @functools.cache
@@ -271,6 +283,12 @@ def schema(prefix: str = "") -> Schema:
             thread_fk(),
             partial("timers_unfired", "due_at", where="fired_at IS NULL"),
             autoincrement,
+        ),
+        pruned_ids=table(
+            PrunedIdColumns,
+            "pruned_ids",
+            PrimaryKeyConstraint("thread_id", "digest"),
+            thread_fk(),
         ),
     )
 
