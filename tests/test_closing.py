@@ -332,3 +332,21 @@ def test_a_close_that_loses_the_race_to_a_slices_commit_reloads_and_closes_what_
     assert [type(i) for i in h.history(thread_id)] == [UserText, AssistantTurn]
     assert [r.state for r in h.store.inbox(thread_id)] == [InboxState.DONE]
     assert check_store(h.store) == []
+
+
+def test_a_message_stored_between_a_closes_read_and_its_commit_is_rejected_visibly() -> None:
+    racing = _SliceBetween(MemoryStore())
+    h = Harness(Agent("echo", model=ScriptedModel(lambda items: reply("answered"))))
+    h.store = racing  # type: ignore[assignment]
+    h.deps = replace(h.deps, store=racing)  # type: ignore[arg-type]
+    thread_id = h.launch("echo", "hello")
+    h.settle(thread_id)
+    racing.slice_once = lambda: h.send(thread_id, "one more thing", message_id="late")
+
+    h.close_thread(thread_id, reason="done")
+    h.step(thread_id)  # the slice the late message woke
+
+    (row,) = [r for r in h.store.inbox(thread_id) if r.message_id == "late"]
+    assert row.state is InboxState.REJECTED and "is closed" in row.reason
+    assert any(isinstance(e, Rejected) and e.message_id == "late" for e in h.events(thread_id))
+    assert check_store(h.store) == []
