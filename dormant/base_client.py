@@ -260,9 +260,7 @@ class BaseClient(ABC):
         Raises ``UnknownThread``.
         """
         closing = Closing(self.store, dispatcher=self, lease=self.lease, events=self)
-        closed = close_thread(thread_id, reason, closing)
-        assert closed is not None  # only an idle-limit close can find nothing to do
-        return closed
+        return close_thread(thread_id, reason, closing)
 
     # reading ----------------------------------------------------------------------------
 

@@ -70,15 +70,19 @@ class Closing:
     events: EventSink | None = None
 
 
-def close_thread(
-    thread_id: str, reason: str, deps: Closing, *, idle_before: datetime | None = None
-) -> ThreadInfo | None:
+def close_thread(thread_id: str, reason: str, deps: Closing) -> ThreadInfo:
     """Close ``thread_id`` (root or child) and its descendants; its record after.
+    Idempotent: a closed thread is returned as it is. Raises ``UnknownThread``."""
+    closed = _close(thread_id, reason, deps, idle_before=None)
+    assert closed is not None  # only an idle-limit close can decline
+    return closed
 
-    Idempotent: a closed thread is returned as it is. With ``idle_before`` (the idle
-    limit), only a thread still idle since before then, with nothing queued, is closed;
-    otherwise None (it woke up meanwhile). Raises ``UnknownThread``.
-    """
+
+def _close(
+    thread_id: str, reason: str, deps: Closing, *, idle_before: datetime | None
+) -> ThreadInfo | None:
+    """``close_thread``; with ``idle_before``, only a thread still idle since before then
+    with nothing queued (else None: it woke up meanwhile)."""
     for _ in range(CLOSE_ATTEMPTS):
         snap = deps.store.load(thread_id)
         thread = snap.thread
@@ -121,7 +125,7 @@ def close_idle_threads(deps: Closing, agents: AgentRegistry, now: datetime) -> b
         reason = f"idle for more than {limit_s:g} s"
         for thread_id in deps.store.idle_threads(name, idle_before, IDLE_BATCH):
             try:
-                done = close_thread(thread_id, reason, deps, idle_before=idle_before)
+                done = _close(thread_id, reason, deps, idle_before=idle_before)
             except DormantError:
                 log.warning("closing idle thread %s failed", thread_id, exc_info=True)
                 continue
