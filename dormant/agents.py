@@ -33,6 +33,9 @@ class Agent:
     ``model`` is a ``Model`` or a registry string such as ``"openai:gpt-4.1-mini"``,
     resolved when a slice first needs it. ``compact_at`` is the share of the model's
     context window past which the next slice compacts the history.
+    ``close_after_idle_s`` (off by default) closes a thread of this agent that stayed idle
+    (no call pending, nothing queued) that long after its last slice: the sweeper does it,
+    as ``close_thread`` would, with the reason "idle for more than N s".
     """
 
     name: str
@@ -43,6 +46,7 @@ class Agent:
     compact_at: float = 0.75
     steering: Steering = "enqueue"
     threads: bool = False
+    close_after_idle_s: float | None = None
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -56,6 +60,8 @@ class Agent:
             raise ConfigurationError(f"agent {self.name!r} tools use reserved names: {clashes}")
         if not 0 < self.compact_at <= 1:
             raise ConfigurationError(f"agent {self.name!r}: compact_at must be in (0, 1]")
+        if self.close_after_idle_s is not None and not self.close_after_idle_s > 0:
+            raise ConfigurationError(f"agent {self.name!r}: close_after_idle_s must be positive")
 
     def tool(self, name: str) -> Tool | None:
         """The tool called ``name`` (built-ins included); never the reserved event name.

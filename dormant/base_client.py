@@ -34,7 +34,9 @@ from dormant.messages import (
     Item,
     ToolResultMessage,
     UserMessage,
+    UserText,
 )
+from dormant.runtime.close import Closing, close_thread
 from dormant.runtime.history import pending
 from dormant.settings import Settings
 from dormant.stores.base import (
@@ -42,6 +44,7 @@ from dormant.stores.base import (
     Lease,
     NewThread,
     NewTimer,
+    OutboxRow,
     Priority,
     Store,
     StoredItem,
@@ -92,6 +95,15 @@ class BaseClient(ABC):
     @abstractmethod
     def events(self, thread_id: str) -> list[Event]:
         """Recent live events of ``thread_id``."""
+
+    @abstractmethod
+    def dispatch(self, row: OutboxRow) -> None:
+        """Send an outbox row's work (a close's "cancel" hooks). One that sends nothing
+        leaves it to the sweeper, which sends rows older than ``outbox_grace_s``."""
+
+    @abstractmethod
+    def publish(self, event: Event) -> None:
+        """Publish a live event (a close's status change)."""
 
     # writing ----------------------------------------------------------------------------
 
@@ -150,12 +162,16 @@ class BaseClient(ABC):
             self._wake_saved(thread_id, Priority.INTERACTIVE)
 
     def _launched_with(self, thread_id: str, message_id: str, text: str) -> bool:
-        """Whether ``message_id`` of the thread is user ``text`` (a retried launch)."""
+        """Whether ``message_id`` of the thread is user ``text`` (a retried launch): its
+        inbox row, or, once retention pruned that, the history item it became."""
+        for row in self.store.inbox(thread_id):
+            if row.message_id == message_id:
+                return isinstance(row.message, UserMessage) and row.message.text == text
         return any(
-            row.message_id == message_id
-            and isinstance(row.message, UserMessage)
-            and row.message.text == text
-            for row in self.store.inbox(thread_id)
+            stored.message_id == message_id
+            and isinstance(stored.item, UserText)
+            and stored.item.text == text
+            for stored in self.store.own_items(thread_id)
         )
 
     def send(self, thread_id: str, text: str, *, message_id: str | None = None) -> str:
@@ -233,6 +249,19 @@ class BaseClient(ABC):
             thread = self.store.set_status(thread_id, status)
         self.wake(thread_id, Priority.INTERACTIVE)
         return thread
+
+    def close_thread(self, thread_id: str, *, reason: str = "closed by request") -> ThreadInfo:
+        """Close a thread (a root or a child) and its descendants; its record after.
+
+        Every pending call gets an error result, its subscriptions and timers are
+        cancelled, its queued messages are rejected with ``reason`` and later ones are
+        refused (``ThreadClosed``); a child's parent is told. A slice running meanwhile
+        stops at its next lease renewal and writes nothing. ``reason`` stays on the
+        thread's record (``closed_reason``). Closing a closed thread returns it unchanged.
+        Raises ``UnknownThread``.
+        """
+        closing = Closing(self.store, dispatcher=self, lease=self.lease, events=self)
+        return close_thread(thread_id, reason, closing)
 
     # reading ----------------------------------------------------------------------------
 

@@ -17,7 +17,7 @@ from dormant.base_client import BaseClient, Waker, new_message_id, new_thread_id
 from dormant.errors import ConfigurationError
 from dormant.messages import Event
 from dormant.settings import Settings
-from dormant.stores.base import DedupSet, Store
+from dormant.stores.base import DedupSet, Lease, OutboxRow, Store
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -53,9 +53,14 @@ class Client(BaseClient):
         agents: AgentRegistry | None = None,
         on_close: Callable[[], None] | None = None,
         on_commit: OnCommit | None = None,
+        dispatcher: Callable[[OutboxRow], None] | None = None,
+        lease: Lease | None = None,
     ) -> None:
         super().__init__(store, dedup, settings, agents)
         self._waker = waker
+        self._dispatcher = dispatcher
+        """Sends outbox rows (a close's "cancel" rows); without it, the sweeper does."""
+        self.lease = lease
         self._events = events
         self._on_close = on_close
         self.on_commit = on_commit
@@ -141,9 +146,9 @@ class Client(BaseClient):
             agents=agents,
             on_close=close,
             on_commit=on_commit,
+            dispatcher=dispatcher.dispatch,
+            lease=RedisLease(redis, settings.key_prefix),
         )
-        if agents is not None:
-            client.lease = RedisLease(redis, settings.key_prefix)
         return client
 
     def wake(self, thread_id: str, priority: int) -> bool:
@@ -152,6 +157,13 @@ class Client(BaseClient):
     def events(self, thread_id: str) -> list[Event]:
         """The thread's recent events (not chunks), oldest first; lost if Redis is flushed."""
         return self._events.recent(thread_id)
+
+    def dispatch(self, row: OutboxRow) -> None:
+        if self._dispatcher is not None:
+            self._dispatcher(row)
+
+    def publish(self, event: Event) -> None:
+        self._events.publish(event)
 
     # the caller's transaction -----------------------------------------------------------
 

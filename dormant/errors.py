@@ -164,9 +164,11 @@ class MessageRejected(DormantError):
 
 
 class ThreadClosed(MessageRejected):
-    def __init__(self, thread_id: str) -> None:
-        super().__init__(f"thread {thread_id!r} is closed")
+    def __init__(self, thread_id: str, closed_reason: str = "") -> None:
+        why = f" ({closed_reason})" if closed_reason else ""
+        super().__init__(f"thread {thread_id!r} is closed{why}")
         self.thread_id = thread_id
+        self.closed_reason = closed_reason
 
 
 class SubscriptionCancelled(MessageRejected):

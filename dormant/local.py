@@ -1,11 +1,13 @@
 """``LocalSystem``: the embedded runtime; one process, SQLite or memory, no servers.
 
 Slices and tools run on a thread pool; a sweeper thread fires due timers, re-dispatches
-outbox rows a crash left behind and re-wakes threads with unapplied inbox rows.
+outbox rows a crash left behind, re-wakes threads with unapplied inbox rows, closes
+threads idle past their agent's limit and, with ``Settings.prune_older_than_s``, prunes.
 """
 
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import logging
@@ -14,13 +16,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
 from dormant.agents import Agent, AgentRegistry
 from dormant.base_client import BaseClient
-from dormant.errors import DormantError, ThreadsFailed
+from dormant.errors import DormantError, LeaseLost, ThreadsFailed
 from dormant.messages import Chunk, Event
+from dormant.ops.prune import prune
+from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.idle import IdleReport, failed_threads
 from dormant.runtime.slice import SliceDeps, run_slice
 from dormant.runtime.sweeper import sweep_once
@@ -165,6 +169,9 @@ class LocalSystem(BaseClient):
     def events(self, thread_id: str) -> list[Event]:
         return self._log.recent(thread_id)
 
+    def publish(self, event: Event) -> None:
+        self._log.publish(event)
+
     # the Dispatcher protocol -------------------------------------------------------------
 
     def wake(self, thread_id: str, priority: int) -> bool:
@@ -212,7 +219,10 @@ class LocalSystem(BaseClient):
     def _run_slice(self, thread_id: str) -> None:
         with self._lock:
             self._queued.pop(thread_id, None)
-        run_slice(thread_id, self.deps)
+        try:
+            run_slice(thread_id, self.deps)
+        except LeaseLost:  # closed meanwhile (close_thread revoked the lease): nothing written
+            log.info("slice of thread %s stopped: its lease was taken or revoked", thread_id)
         with self._lock:
             self.slices_run += 1
 
@@ -262,13 +272,25 @@ class LocalSystem(BaseClient):
     # the sweeper ----------------------------------------------------------------------
 
     def _sweep_loop(self) -> None:
+        prune_at = time.monotonic()
         while not self._stop.is_set():
             try:
                 self._sweep_once(grace_s=self.settings.outbox_grace_s)
+                if self.settings.prune_older_than_s > 0 and time.monotonic() >= prune_at:
+                    prune_at = time.monotonic() + self.settings.prune_interval_s
+                    self._prune()
             except Exception:
                 log.exception("sweep failed")
             self._nudge.wait(timeout=self._sleep_s())
             self._nudge.clear()
+
+    def _prune(self) -> None:
+        """Retention, as beat's ``dormant.prune`` does it (``Settings.prune_older_than_s``,
+        every ``prune_interval_s``)."""
+        cutoff = datetime.now(UTC) - timedelta(seconds=self.settings.prune_older_than_s)
+        counts = prune(self.store, cutoff, batch=self.settings.prune_batch_size)
+        if counts.total:
+            log.info("pruned %d rows, %d of them threads", counts.total, counts.threads)
 
     def _sleep_s(self) -> float:
         """Until the next timer is due, at most one interval. A store that cannot say (a
@@ -286,5 +308,9 @@ class LocalSystem(BaseClient):
 
     def _sweep_once(self, grace_s: float, lost_after_s: float | None = None) -> bool:
         lost_after_s = self.settings.visibility_timeout_s if lost_after_s is None else lost_after_s
-        swept = sweep_once(self.store, self.lease, self, datetime.now(UTC), grace_s, lost_after_s)
+        closing = Closing(self.store, dispatcher=self, lease=self.lease, events=self)
+        close_idle = functools.partial(close_idle_threads, closing, self.deps.agents)
+        swept = sweep_once(
+            self.store, self.lease, self, datetime.now(UTC), grace_s, lost_after_s, close_idle
+        )
         return bool(swept)

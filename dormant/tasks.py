@@ -17,6 +17,7 @@ are left behind.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -35,6 +36,7 @@ from dormant.celery.dispatch import CeleryDispatcher
 from dormant.client import Client
 from dormant.errors import CrashPoint, LeaseLost, NotFound, SliceFailed
 from dormant.ops.prune import prune
+from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.slice import (
     Busy,
     Closed,
@@ -118,7 +120,15 @@ class Runtime:
         sink = Client(store, dedup, settings, waker=dispatcher.wake, events=events, agents=agents)
         ending = RedisSliceEnd(client, lease, dedup, events)
         deps = SliceDeps(store, lease, dedup, dispatcher, events, agents, settings, ending=ending)
-        sweep = SweepParts(settings, store, lease, dispatcher, RedisSweepTurns(client, prefix))
+        closing = Closing(store, dispatcher, lease, events)
+        sweep = SweepParts(
+            settings,
+            store,
+            lease,
+            dispatcher,
+            RedisSweepTurns(client, prefix),
+            functools.partial(close_idle_threads, closing, agents),
+        )
         return cls(settings, store, marks, dispatcher, sink, deps, sweep)
 
 

@@ -129,7 +129,7 @@ def install(
         return runtimes[0].get()
 
     register_tasks(celery_app, runtime)
-    start_on_beat(celery_app, resolve)
+    start_on_beat(celery_app, resolve, agents)
 
     def add_routing(**_: Any) -> None:
         _add_routing(celery_app, resolve())

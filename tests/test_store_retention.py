@@ -147,23 +147,38 @@ def test_ages_parse_with_their_units() -> None:
 
 
 def _upgrade_from_0001(url: str) -> None:
-    """Build the database as release 0001 left it, with a thread in it, then upgrade."""
+    """Build the database as release 0001 left it, with a thread in it, then upgrade. The
+    old rows are written with the 0001 tables as they are in the database (reflected):
+    today's store writes columns a later migration adds."""
     from alembic import command
+    from sqlalchemy import MetaData
     from sqlalchemy.engine import make_url
 
-    from dormant.stores.sql.store import SQLStore, _alembic_config, upgrade
+    from dormant.stores.sql.rows import inbox_values, thread_values
+    from dormant.stores.sql.store import SQLStore, _alembic_config, make_engine, upgrade
 
     command.upgrade(_alembic_config(make_url(url), ""), "0001")
-    old = SQLStore(url)
-    thread_id = new_thread(old).id
-    enqueue(old, thread_id, "from before the upgrade")
-    old.close()
+    thread_id = uid("t")
+    now = datetime.now(UTC)
+    engine = make_engine(url)
+    try:
+        old = MetaData()
+        old.reflect(engine, only=["threads", "inbox"])
+        threads, inbox = old.tables["threads"], old.tables["inbox"]
+        thread = thread_values(NewThread(id=thread_id, agent="triage"), now)
+        message = inbox_values(thread_id, uid("m"), UserMessage(text="before the upgrade"), 8, now)
+        with engine.begin() as conn:
+            conn.execute(threads.insert(), {k: v for k, v in thread.items() if k in threads.c})
+            conn.execute(inbox.insert(), message)
+    finally:
+        engine.dispose()
     upgrade(url)
     store = SQLStore(url)
     try:
         (row,) = store.inbox(thread_id)
         store.quarantine(thread_id, row.id, "bad")
         assert [r.id for r in store.quarantined()] == [row.id]
+        assert store.thread(thread_id).closed_reason == ""
     finally:
         store.close()
 

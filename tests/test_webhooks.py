@@ -122,6 +122,16 @@ def test_a_redelivery_is_a_harmless_duplicate(rig: Rig) -> None:
     assert [row.message_id for row in rig.system.store.inbox(rig.thread_id)] == before
 
 
+def test_a_delivery_for_a_closed_thread_is_refused_with_409_and_the_reason(rig: Rig) -> None:
+    rig.system.close_thread(rig.thread_id, reason="unsubscribed by the user")
+
+    answer = rig.receiver.receive(rig.path, rig.query, signed(PR), PR)
+
+    assert answer.status == 409
+    assert "unsubscribed by the user" in answer.body["error"]
+    assert rig.system.store.inbox(rig.thread_id)[-1].message_id != "github:d-1"
+
+
 def test_a_timestamped_source_accepts_a_fresh_signed_delivery(rig: Rig) -> None:
     stamp = str(int(rig.now_s) - 10)
     mac = hmac.new(SECRET.encode(), stamp.encode() + b"." + PR, hashlib.sha256).hexdigest()

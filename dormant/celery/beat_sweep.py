@@ -17,6 +17,7 @@ entry, no custom scheduler. The ``dormant.sweep`` task stays registered, running
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -28,13 +29,16 @@ from typing import Any
 from celery import Celery
 from celery.signals import beat_init
 
+from dormant.agents import AgentRegistry, AgentSource, load_agents
 from dormant.celery.dispatch import CeleryDispatcher
 from dormant.errors import ConfigurationError
+from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.deps import Dispatcher
 from dormant.runtime.sweeper import Swept, sweep_once
 from dormant.settings import Settings
 from dormant.stores.base import Lease, SweepStore
 from dormant.stores.redis import (
+    RedisEvents,
     RedisLease,
     RedisSweepTurns,
     RedisWakeMarks,
@@ -58,11 +62,15 @@ class SweepParts:
     lease: Lease
     dispatcher: Dispatcher
     turns: RedisSweepTurns
+    close_idle: Callable[[datetime], int] | None = None
+    """Closes threads idle past their agent's ``close_after_idle_s``; None where the agents
+    are not known (their limits live on the ``Agent``)."""
 
     @classmethod
-    def build(cls, celery_app: Celery, settings: Settings) -> SweepParts:
-        """The beat process's parts. Beat needs no agents and no signing key: a sweep only
-        sends task names and ids."""
+    def build(cls, celery_app: Celery, settings: Settings, agents: AgentSource) -> SweepParts:
+        """The beat process's parts. Beat needs no signing key (a sweep only sends task
+        names and ids), and the agents only for their idle limits: a beat that cannot load
+        them (no ``DORMANT_AGENTS``) sweeps without closing idle threads, and says so."""
         from dormant.stores.sql.store import SQLStore  # SQLAlchemy: only where it sweeps
 
         client = redis_client(settings)
@@ -70,9 +78,24 @@ class SweepParts:
         marks = RedisWakeMarks(client, prefix, wake_mark_ttl_s(settings))
         store = SQLStore(settings.database_url, table_prefix=settings.table_prefix)
         dispatcher = CeleryDispatcher(celery_app, marks)
-        return cls(
-            settings, store, RedisLease(client, prefix), dispatcher, RedisSweepTurns(client, prefix)
-        )
+        lease = RedisLease(client, prefix)
+        close_idle = None
+        registry = _agents_or_none(agents, settings)
+        if registry is not None and any(
+            registry[name].close_after_idle_s is not None for name in registry
+        ):
+            events = RedisEvents(client, prefix, ttl_s=settings.dedup_ttl_s)
+            closing = Closing(store, dispatcher, lease, events)
+            close_idle = functools.partial(close_idle_threads, closing, registry)
+        return cls(settings, store, lease, dispatcher, RedisSweepTurns(client, prefix), close_idle)
+
+
+def _agents_or_none(agents: AgentSource, settings: Settings) -> AgentRegistry | None:
+    try:
+        return load_agents(agents, settings)
+    except ConfigurationError as error:
+        log.info("beat closes no idle threads: %s", error)
+        return None
 
 
 def sweep_turn(parts: SweepParts, now: datetime) -> Swept | None:
@@ -87,7 +110,13 @@ def sweep_turn(parts: SweepParts, now: datetime) -> Swept | None:
         settings.tool_start_timeout_s, settings.visibility_timeout_s + settings.outbox_grace_s
     )
     return sweep_once(
-        parts.store, parts.lease, parts.dispatcher, now, settings.outbox_grace_s, lost_after_s
+        parts.store,
+        parts.lease,
+        parts.dispatcher,
+        now,
+        settings.outbox_grace_s,
+        lost_after_s,
+        parts.close_idle,
     )
 
 
@@ -129,7 +158,9 @@ class BeatSweeper:
         return swept
 
 
-def start_on_beat(celery_app: Celery, settings: Callable[[], Settings]) -> None:
+def start_on_beat(
+    celery_app: Celery, settings: Callable[[], Settings], agents: AgentSource = None
+) -> None:
     """Run a ``BeatSweeper`` in every beat of ``celery_app`` (``beat_init``). ``settings``
     is called when beat starts, so Django's settings are loaded by then."""
 
@@ -141,7 +172,7 @@ def start_on_beat(celery_app: Celery, settings: Callable[[], Settings]) -> None:
         except ConfigurationError as error:  # Celery would log it and beat run unswept
             raise SystemExit(f"error: {error}") from None
         sweeper = BeatSweeper(
-            lambda: SweepParts.build(celery_app, resolved), resolved.sweep_interval_s
+            lambda: SweepParts.build(celery_app, resolved, agents), resolved.sweep_interval_s
         )
         sweeper.start()
         log.info("beat sweeps every %s s", resolved.sweep_interval_s)

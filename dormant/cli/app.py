@@ -213,6 +213,21 @@ def deliver(
         )
 
 
+@app.command("close")
+@reported
+def close_command(
+    thread_id: str,
+    reason: str = typer.Option(
+        "closed by an operator", "--reason", help="Kept on the thread's record."
+    ),
+) -> None:
+    """Close a thread and its descendants: pending calls answered with an error, queued and
+    later messages refused, a running slice stopped. Closing it again changes nothing."""
+    with open_client() as client:
+        closed = client.close_thread(thread_id, reason=reason)
+        typer.echo(f"thread {closed.id} is closed: {closed.closed_reason}")
+
+
 @app.command()
 @reported
 def callbacks(

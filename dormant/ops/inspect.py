@@ -69,6 +69,8 @@ def _label(store: Store, info: ThreadInfo) -> Text:
         label.append(f"  inbox {depth} pending, {deferred} deferred", style="magenta")
     if state.quarantined:
         label.append(f"  quarantined: {', '.join(state.quarantined)}", style="bold red")
+    if info.closed_reason:
+        label.append(f"  ({info.closed_reason})", style="dim")
     if info.last_error:
         label.append(f"\n{info.last_error}", style="red")
     return label
@@ -123,6 +125,7 @@ def thread_record(store: Store, info: ThreadInfo) -> dict[str, Any]:
         "quarantined": state.quarantined,
         "failures": info.failures,
         "last_error": info.last_error,
+        "closed_reason": info.closed_reason,
         "version": info.version,
         "created_at": info.created_at.isoformat(),
         "updated_at": info.updated_at.isoformat(),

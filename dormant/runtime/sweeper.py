@@ -8,6 +8,7 @@ already answered, and a redundant wake finds the lease taken or the inbox empty.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -31,9 +32,11 @@ class Swept:
     """Slices queued for threads with unapplied rows and no live lease (timers' included)."""
     already_queued: int = 0
     """Wakes not sent: the dispatcher already had one at least as urgent queued."""
+    idle_closed: int = 0
+    """Threads closed for being idle past their agent's ``close_after_idle_s``."""
 
     def __bool__(self) -> bool:
-        return bool(self.timers or self.redispatched or self.woken)
+        return bool(self.timers or self.redispatched or self.woken or self.idle_closed)
 
     def summary(self) -> str:
         """``fired 2 timers, re-dispatched 1 outbox row, woke 3 threads, 1 wake already
@@ -43,6 +46,7 @@ class Swept:
             _count("re-dispatched", self.redispatched, "outbox row"),
             _count("woke", self.woken, "thread"),
             f"{_plural(self.already_queued, 'wake')} already queued" if self.already_queued else "",
+            _count("closed", self.idle_closed, "idle thread"),
         ]
         return ", ".join(part for part in parts if part) or "nothing to do"
 
@@ -62,11 +66,14 @@ def sweep_once(
     now: datetime,
     grace_s: float,
     lost_after_s: float,
+    close_idle: Callable[[datetime], int] | None = None,
 ) -> Swept:
     """Fire due timers; re-dispatch outbox rows whose run stopped renewing its claim (its
     worker died), rows never dispatched after ``grace_s``, and rows dispatched
     ``lost_after_s`` ago that no worker started (the broker lost the task); re-wake threads
-    with unapplied inbox rows, no live lease and no pending backoff."""
+    with unapplied inbox rows, no live lease and no pending backoff; with ``close_idle``
+    (``runtime/close.py``, where the agents are known), close threads idle past their
+    agent's limit."""
     wakes: dict[str, int] = {}
     """The threads this pass has asked to wake, at the highest priority asked."""
     woken = already_queued = 0
@@ -97,4 +104,5 @@ def sweep_once(
     for thread_id, priority in store.wakes_due(now=now):
         if not lease.held(thread_id):
             wake(thread_id, priority)
-    return Swept(len(timers), redispatched, woken, already_queued)
+    idle_closed = close_idle(now) if close_idle is not None else 0
+    return Swept(len(timers), redispatched, woken, already_queued, idle_closed)

@@ -107,6 +107,9 @@ class ThreadInfo:
     """The highest inbox id a committed slice has looked at (informational)."""
     retry_at: datetime | None = None
     """After a failed slice: the sweeper leaves the thread alone until then (backoff)."""
+    closed_reason: str = ""
+    """Why the thread was closed (``close_thread(reason=...)``, an idle limit, an
+    ancestor's close); empty while it is open, or when it closed itself."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +172,7 @@ class PruneCounts:
     """What one retention batch deleted (``Store.prune_batch``)."""
 
     threads: int = 0
-    """Closed threads deleted, each with its items, calls, inbox, outbox and timers."""
+    """Closed threads deleted, each with every row it owns."""
     inbox: int = 0
     """Finished (done, rejected) inbox rows of live threads."""
     outbox: int = 0
@@ -261,6 +264,8 @@ class Commit:
     """Messages for other threads, (thread_id, message_id, message, priority), written in
     the same transaction (a child's seed, a report to a parent); duplicates are ignored."""
     usage: Usage | None = None
+    closed_reason: str = ""
+    """With status closed: why (kept on the thread's record, shown by ``dormant show``)."""
 
 
 class SliceStore(Protocol):
@@ -414,14 +419,23 @@ class SweepStore(Protocol):
 
     def next_timer_due(self) -> datetime | None: ...
 
+    def idle_threads(self, agent: str, idle_before: datetime, limit: int = 100) -> list[str]:
+        """Threads of ``agent`` idle (status idle) since before ``idle_before``, by their
+        last commit, longest idle first: what ``Agent(close_after_idle_s=...)`` closes."""
+        ...
+
     def prune_batch(
         self, older_than: datetime, limit: int, *, dry_run: bool = False
     ) -> PruneCounts:
         """Delete, in short transactions of at most ``limit`` rows each: closed thread trees
         (a root and every descendant, all closed and untouched since ``older_than``) with
-        everything they own, then finished inbox rows, ran outbox rows and fired timers
-        older than ``older_than``. ``dry_run`` deletes nothing and counts every candidate
-        (not one batch's worth; its row counts include the rows of the trees it counts)."""
+        everything they own; closed subtrees under an open parent that has applied what
+        they sent it (no waiting or quarantined row of the parent older than the subtree
+        top's last change); then finished inbox rows, ran outbox rows and fired timers
+        older than ``older_than``. A pruned inbox row's message id stays a duplicate: in
+        the history, or remembered by the store (SQL: a digest in ``pruned_ids``; memory:
+        its digest set). ``dry_run`` deletes nothing and counts every candidate (not one
+        batch's worth; its row counts include the rows of the trees it counts)."""
         ...
 
 
@@ -456,4 +470,9 @@ class Lease(Protocol):
 
     def held(self, thread_id: str) -> bool:
         """Whether a live (unexpired) lease exists: the sweeper leaves such threads alone."""
+        ...
+
+    def revoke(self, thread_id: str) -> None:
+        """Drop the thread's lease whoever holds it, so the holder's next renewal fails
+        (``LeaseLost``): closing a thread stops a running slice at its next boundary."""
         ...

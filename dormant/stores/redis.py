@@ -184,6 +184,9 @@ class RedisLease:
     def held(self, thread_id: str) -> bool:
         return bool(self._client.exists(self._key(thread_id)))
 
+    def revoke(self, thread_id: str) -> None:
+        self._client.delete(self._key(thread_id))
+
 
 class RedisDedup:
     """``DedupSet``: one set of seen message ids per thread, expiring ``ttl_s`` after the

@@ -186,6 +186,38 @@ def _toolbox(history: Sequence[Item]) -> Completion:
     return reply("noted")
 
 
+@dataclass
+class _Closable:
+    """A root that starts a deferred build, a subscription, a sleep and a child; a child
+    that streams a long reply slowly, recording in Redis that it started and what stopped
+    it (``stopped:<thread>``), so a test can close the tree mid-slice."""
+
+    name: str = "closable"
+    context_window: int = 128_000
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        last = _last(request.items)
+        if isinstance(last, UserText) and last.text == "start":
+            return reply(
+                "starting",
+                call("run_build", target="main"),
+                call("watch_pull_requests", repo="acme/app"),
+                call("sleep", seconds=3600),
+                call("spawn_thread", instructions="write a long essay"),
+            )
+        if not (isinstance(last, ToolResult) and last.content.startswith("You are now inside")):
+            return reply("noted")
+        _redis().set(_key("streaming", request.thread_id), "1")
+        try:
+            for _ in range(600):  # 30 s unless stopped
+                time.sleep(0.05)
+                on_chunk("word ")
+        except BaseException as error:
+            _redis().set(_key("stopped", request.thread_id), type(error).__name__)
+            raise
+        return reply("word " * 600)
+
+
 echo = Agent("echo", model=_Recorded(ScriptedModel(_echo)))
 calc = Agent("calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.05), tools=[add])
 slow_calc = Agent("slow_calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.3), tools=[add])
@@ -203,8 +235,24 @@ buggy = Agent("buggy", model=_Buggy())
 picky = Agent("picky", model=ScriptedModel(_picky))
 dumper = Agent("dumper", model=ScriptedModel(_dump), tools=[dump_table])
 toolbox = Agent("toolbox", model=ScriptedModel(_toolbox), tools=[run_build, explode])
+closable = Agent(
+    "closable", model=_Closable(), tools=[run_build, watch_pull_requests], threads=True
+)
 
-AGENTS = [echo, calc, slow_calc, napper, triage, flaky, broken, buggy, picky, dumper, toolbox]
+AGENTS = [
+    echo,
+    calc,
+    slow_calc,
+    napper,
+    triage,
+    flaky,
+    broken,
+    buggy,
+    picky,
+    dumper,
+    toolbox,
+    closable,
+]
 
 
 @worker_ready.connect

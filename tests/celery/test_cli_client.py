@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -128,3 +129,25 @@ def test_the_callback_server_keeps_a_slash_and_a_percent_sign_inside_a_thread_id
     logged = log_path.read_text()
     assert '/team%2Fa%2541b/call_x" 202' in logged, logged
     assert "token=" not in logged, logged
+
+
+def test_dormant_close_closes_a_thread_keeps_the_reason_and_refuses_what_follows(
+    deploy: Callable[..., Deployment],
+) -> None:
+    d = deploy()  # no worker: closing needs none, and the launch message stays queued
+    thread_id = d.client().launch("echo", "hello")
+
+    closed = runner.invoke(app, ["close", thread_id, "--reason", "spam"], env=d.env)
+    assert closed.exit_code == 0, closed.output
+    assert closed.output.strip() == f"thread {thread_id} is closed: spam"
+    again = runner.invoke(app, ["close", thread_id, "--reason", "other"], env=d.env)
+    assert again.exit_code == 0 and again.output.strip().endswith("closed: spam")
+    shown = runner.invoke(app, ["show", thread_id, "--json"], env=d.env)
+    record = json.loads(shown.output)["thread"]
+    assert record["status"] == "closed" and record["closed_reason"] == "spam"
+    listed = runner.invoke(app, ["threads"], env=d.env)
+    assert "(spam)" in listed.output
+    refused = runner.invoke(app, ["send", thread_id, "hello?"], env=d.env)
+    assert refused.exit_code == 1 and "is closed (spam)" in refused.output
+    unknown = runner.invoke(app, ["close", "thr_nope"], env=d.env)
+    assert unknown.exit_code == 1

@@ -13,8 +13,9 @@
 
 from __future__ import annotations
 
-import hashlib
 import zlib
+
+from dormant.stores.digest import DIGEST_BYTES, message_digest
 
 __all__ = ["ItemLog", "SeenIds", "pack_lines", "unpack_lines"]
 
@@ -28,7 +29,6 @@ a fold) for the same output on model text, to the byte."""
 MERGE_CHUNKS = 8
 """At this many chunks a fold joins them into one object (headers cost ~60 bytes a chunk,
 about 1 KB a 20-turn thread; joining at every fold would leave a hole at every fold)."""
-_DIGEST_BYTES = 8
 
 
 class ItemLog:
@@ -87,23 +87,19 @@ class SeenIds:
         self.digests = b""
 
     def __contains__(self, message_id: str) -> bool:
-        digest = _digest(message_id)
+        digest = message_digest(message_id)
         at = self.digests.find(digest)
         while at != -1:
-            if at % _DIGEST_BYTES == 0:  # a match across two digests is no match
+            if at % DIGEST_BYTES == 0:  # a match across two digests is no match
                 return True
             at = self.digests.find(digest, at + 1)
         return False
 
     def add(self, message_id: str) -> None:
-        self.digests += _digest(message_id)
+        self.digests += message_digest(message_id)
 
     def nbytes(self) -> int:
         return len(self.digests)
-
-
-def _digest(message_id: str) -> bytes:
-    return hashlib.blake2b(message_id.encode(), digest_size=_DIGEST_BYTES).digest()
 
 
 def pack_lines(lines: list[bytes]) -> bytes:

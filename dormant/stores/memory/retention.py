@@ -85,7 +85,7 @@ class MemoryRetention:
             trees = [
                 tree
                 for thread_id, t in self._threads.items()
-                if info_of(t).parent_id is None
+                if self._prunable_top(info_of(t), older_than)
                 and (tree := self._prunable_tree(thread_id, older_than)) is not None
             ]
             if not dry_run:
@@ -113,8 +113,25 @@ class MemoryRetention:
             # Ran outbox rows and fired timers are not kept in memory at all.
             return PruneCounts(threads=sum(len(tree) for tree in trees), inbox=finished)
 
+    def _prunable_top(self, info: ThreadInfo, older_than: datetime) -> bool:
+        """A root, or a closed thread under an open parent that has applied everything it
+        sent (no waiting or quarantined row of the parent older than its last change)."""
+        if info.parent_id is None:
+            return True
+        if info.status is not ThreadStatus.CLOSED or info.updated_at >= older_than:
+            return False
+        parent = self._threads.get(info.parent_id)
+        if parent is None or info_of(parent).status is ThreadStatus.CLOSED:
+            return False  # inside a closed subtree: its own top prunes it
+        rows = self._open.get(info.parent_id, {}).values()
+        return not any(
+            (_waiting(r) or r.state is InboxState.QUARANTINED) and r.created_at <= info.updated_at
+            for r in rows
+        )
+
     def _prunable_tree(self, root_id: str, older_than: datetime) -> list[str] | None:
-        """The thread ids of the tree under ``root_id`` if every one is closed and older."""
+        """The thread ids of the tree under ``root_id`` (a root, or a thread under an open
+        parent) if every one is closed and older."""
         tree, todo = [], [root_id]
         while todo:
             thread_id = todo.pop()
@@ -127,6 +144,9 @@ class MemoryRetention:
 
     def _delete_tree(self, tree: list[str]) -> None:
         doomed = set(tree)
+        top = info_of(self._threads[tree[0]]).parent_id
+        if top is not None and top in self._children:  # a subtree: its parent lives on
+            self._children[top] = [c for c in self._children[top] if c not in doomed]
         for thread_id in tree:
             self._threads.pop(thread_id, None)
             self._hot.pop(thread_id, None)

@@ -52,16 +52,16 @@ from dormant.stores.base import (
     ThreadStatus,
     TimerRow,
 )
-from dormant.stores.closing import close_calls, streams_to_stop
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.memory import thread as stored
 from dormant.stores.memory.blob import unpack_lines
+from dormant.stores.memory.closing import MemoryClosing
 from dormant.stores.memory.retention import MemoryRetention, _waiting
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryRetention):
+class MemoryStore(MemoryClosing, MemoryRetention):
     """``Store`` in memory; thread-safe behind one lock."""
 
     def __init__(self, max_hot_threads: int = 256) -> None:
@@ -140,8 +140,9 @@ class MemoryStore(MemoryRetention):
     ) -> InboxRow:
         with self._lock:
             t = self._get(thread_id)
-            if stored.info_of(t).status is ThreadStatus.CLOSED:
-                raise ThreadClosed(thread_id)
+            info = stored.info_of(t)
+            if info.status is ThreadStatus.CLOSED:
+                raise ThreadClosed(thread_id, info.closed_reason)
             if max_open is not None and not t.seen(message_id):
                 depth = sum(1 for r in self._open.get(thread_id, {}).values() if _waiting(r))
                 if depth >= max_open:
@@ -236,6 +237,8 @@ class MemoryStore(MemoryRetention):
             )
             if commit.usage is not None:
                 changes["usage"] = commit.usage
+            if commit.closed_reason:
+                changes["closed_reason"] = commit.closed_reason
             stored.update(t, **changes)
             if commit.status in (ThreadStatus.IDLE, ThreadStatus.CLOSED):
                 self._cool(commit.thread_id, t)  # its turn is over: it waits for a person
@@ -467,32 +470,3 @@ class MemoryStore(MemoryRetention):
         )
         self._timers[row.id] = row
         heapq.heappush(self._timer_heap, (row.due_at, row.id))
-
-    def _close_descendants(self, thread_id: str, now: datetime) -> list[OutboxRow]:
-        """Close every open descendant: its pending calls answered and its live
-        subscriptions cancelled (``stores/closing.py``), with "cancel" outbox rows."""
-        rows: list[OutboxRow] = []
-        for child in self.children(thread_id):
-            t = self._threads[child.id]
-            if child.status is not ThreadStatus.CLOSED:
-                hot = self._heat(child.id, t)
-                first = next_seq(hot.info, hot.items)
-                changed, results = close_calls(child.id, hot.calls.values(), first)
-                for call in streams_to_stop(hot.calls.values(), child.fork_seq):
-                    row = OutboxRow(next(self._ids), child.id, call.call_id, "cancel", now)
-                    self._outbox[row.id] = row
-                    rows.append(row)
-                hot.calls.update({c.call_id: c for c in changed})
-                hot.items += results
-                hot.unsaved += len(results)
-                stored.update(t, status=ThreadStatus.CLOSED)
-                self._cool(child.id, t)
-            rows += self._close_descendants(child.id, now)
-        return rows
-
-    def _cancel_timers(self, thread_id: str, call_ids: set[str]) -> None:
-        if not call_ids:
-            return
-        for timer_id, timer in list(self._timers.items()):
-            if timer.thread_id == thread_id and timer.call_id in call_ids:
-                del self._timers[timer_id]

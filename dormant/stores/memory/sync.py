@@ -55,6 +55,10 @@ class MemoryLease:
             held = self._held.get(thread_id)
             return held is not None and held[1] > time.monotonic()
 
+    def revoke(self, thread_id: str) -> None:
+        with self._lock:
+            self._held.pop(thread_id, None)
+
     def expire_all(self) -> None:
         """Forget every lease, as if their holders died long ago (tests of crashes)."""
         with self._lock:

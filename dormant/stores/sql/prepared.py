@@ -16,6 +16,7 @@ import functools
 from typing import Any
 
 from sqlalchemy import (
+    CompoundSelect,
     Connection,
     Insert,
     Select,
@@ -27,6 +28,7 @@ from sqlalchemy import (
     literal_column,
     or_,
     select,
+    union_all,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -103,13 +105,18 @@ class Prepared:
         self.own_items_after: Select[Any] = own.where(items.c.seq > bindparam("after")).order_by(
             items.c.seq
         )
-        self.in_history: Select[Any] = (
-            select(items.c.seq)
-            .where(
+        # A message id the thread had: in its history (items are unique by message id),
+        # or pruned from its inbox without leaving an item (``pruned_ids``, by digest).
+        pruned = t.pruned_ids
+        self.seen_before: CompoundSelect[Any] = union_all(
+            select(literal_column("1").label("hit")).where(
                 items.c.thread_id == bindparam("thread_id"),
                 items.c.message_id == bindparam("message_id"),
-            )
-            .limit(1)
+            ),
+            select(literal_column("1").label("hit")).where(
+                pruned.c.thread_id == bindparam("thread_id"),
+                pruned.c.digest == bindparam("digest", type_=pruned.c.digest.type),
+            ),
         )
         # calls
         upsert = ins(calls)
@@ -124,7 +131,7 @@ class Prepared:
         self.call: Select[Any] = self.calls_of.where(calls.c.call_id == bindparam("call_id"))
         its_call = and_(calls.c.thread_id == threads.c.id, calls.c.call_id == bindparam("call_id"))
         self.thread_and_call: Select[Any] = (
-            select(threads.c.status, calls.c.state, calls.c.subscription)
+            select(threads.c.status, threads.c.closed_reason, calls.c.state, calls.c.subscription)
             .select_from(threads.outerjoin(calls, its_call))
             .where(threads.c.id == bindparam("thread_id"))
             .with_for_update(read=True, of=threads)

@@ -24,11 +24,12 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.digest import message_digest
 from dormant.stores.sql import statements as statements
 from dormant.stores.sql.direct import run
 from dormant.stores.sql.engine import retry_busy
 from dormant.stores.sql.prepared import prepared
-from dormant.stores.sql.rows import inbox_row, is_open, thread_info
+from dormant.stores.sql.rows import inbox_row, insert_for, is_open, thread_info
 from dormant.stores.sql.tables import Schema, as_utc
 
 __all__ = ["SQLRetention", "check_room"]
@@ -37,12 +38,12 @@ _FINISHED = (InboxState.DONE.value, InboxState.REJECTED.value)
 
 
 def check_room(conn: Connection, thread_id: str, message_id: str, max_open: int | None) -> None:
-    """Refuse a message id the history already holds (its inbox row may have been pruned,
-    and a second copy would break the items' unique key at commit), and, with
+    """Refuse a message id the thread already had though its inbox row was pruned (in the
+    history, where a second copy would break the items' unique key at commit, or in
+    ``pruned_ids``), and, with
     ``max_open``, a message for a thread whose inbox is full."""
     ready = prepared(conn)
-    mine = {"thread_id": thread_id, "message_id": message_id}
-    if run(conn, ready.in_history, mine).first() is not None:
+    if statements.seen_before(conn, thread_id, message_id):
         raise DuplicateMessage(thread_id, message_id)
     if max_open is None:
         return
@@ -131,8 +132,8 @@ class SQLRetention:
         if dry_run:
             return self._count_prunable(cutoff)
         return PruneCounts(
-            threads=self._prune_trees(cutoff, limit),
-            inbox=self._prune_rows(self._schema.inbox, self._finished_inbox(cutoff), limit),
+            threads=self._prune_trees(cutoff, limit) + self._prune_subtrees(cutoff, limit),
+            inbox=self._prune_inbox(cutoff, limit),
             outbox=self._prune_rows(self._schema.outbox, self._ran_outbox(cutoff), limit),
             timers=self._prune_rows(self._schema.timers, self._fired_timers(cutoff), limit),
         )
@@ -178,10 +179,102 @@ class SQLRetention:
                 # SHARE) then waits, and finds no thread, instead of adding a row we miss.
                 conn.execute(members.with_for_update())
             ids = list(conn.execute(members).scalars())
-            for table in (t.items, t.calls, t.inbox, t.outbox, t.timers):
-                conn.execute(delete(table).where(table.c.thread_id.in_(ids)))
-            conn.execute(delete(t.threads).where(t.threads.c.id.in_(ids)))
+            self._delete_threads(conn, ids)
             return len(ids)
+
+    def _delete_threads(self, conn: Connection, ids: list[str]) -> None:
+        """Every row of these threads, in every table: a pruned thread leaves nothing."""
+        t = self._schema
+        for table in (t.items, t.calls, t.inbox, t.outbox, t.timers, t.pruned_ids):
+            conn.execute(delete(table).where(table.c.thread_id.in_(ids)))
+        conn.execute(delete(t.threads).where(t.threads.c.id.in_(ids)))
+
+    def _closed_under_open(self, cutoff: datetime) -> Select[Any]:
+        """Closed threads untouched since ``cutoff`` whose parent is open, once the parent
+        has applied everything they sent it: no waiting (or quarantined) row of the parent
+        is older than the child's last change, and a report is queued with that change."""
+        t = self._schema
+        child, parent, inbox = t.threads, t.threads.alias("parent"), t.inbox
+        waiting = (InboxState.PENDING, InboxState.DEFERRED, InboxState.QUARANTINED)
+        unapplied = exists().where(
+            inbox.c.thread_id == parent.c.id,
+            inbox.c.state.in_([s.value for s in waiting]),
+            inbox.c.created_at <= child.c.updated_at,
+        )
+        return (
+            select(child.c.id)
+            .join(parent, parent.c.id == child.c.parent_id)
+            .where(
+                child.c.status == ThreadStatus.CLOSED.value,
+                child.c.updated_at < cutoff,
+                parent.c.status != ThreadStatus.CLOSED.value,
+                ~unapplied,
+            )
+            .order_by(child.c.updated_at, child.c.id)
+        )
+
+    def _subtree(self, conn: Connection, top: str, cutoff: datetime) -> list[str] | None:
+        """``top`` and its descendants if every one is closed and untouched since
+        ``cutoff`` (a descendant inherits its ancestors' items: none goes alone)."""
+        threads = self._schema.threads
+        tree, level = [top], [top]
+        while level:
+            query = select(threads.c.id, threads.c.status, threads.c.updated_at).where(
+                threads.c.parent_id.in_(level)
+            )
+            found = conn.execute(query).all()
+            closed = ThreadStatus.CLOSED.value
+            if any(status != closed or as_utc(at) >= cutoff for _, status, at in found):
+                return None
+            level = [thread_id for thread_id, _, _ in found]
+            tree += level
+        return tree
+
+    @retry_busy
+    def _prune_subtrees(self, cutoff: datetime, limit: int) -> int:
+        """One transaction: up to ``limit`` closed subtrees under open parents (finished
+        children and event threads of a root that lives on)."""
+        threads = self._schema.threads
+        with self._tx(write=True) as conn:
+            tops = list(conn.execute(self._closed_under_open(cutoff).limit(limit)).scalars())
+            trees = [tree for top in tops if (tree := self._subtree(conn, top, cutoff))]
+            ids = [thread_id for tree in trees for thread_id in tree]
+            if not ids:
+                return 0
+            if self._postgres:  # as in _prune_trees: a concurrent enqueue waits, then fails
+                conn.execute(select(threads.c.id).where(threads.c.id.in_(ids)).with_for_update())
+            self._delete_threads(conn, ids)
+            return len(ids)
+
+    @retry_busy
+    def _prune_inbox(self, cutoff: datetime, limit: int) -> int:
+        """One transaction: the oldest ``limit`` finished inbox rows of live threads. The
+        id of a row that left no item in the history is kept as a digest in ``pruned_ids``,
+        so the same message sent again is still a duplicate."""
+        t = self._schema
+        inbox, items = t.inbox, t.items
+        in_history = exists().where(
+            items.c.thread_id == inbox.c.thread_id, items.c.message_id == inbox.c.message_id
+        )
+        batch = (
+            select(inbox.c.id, inbox.c.thread_id, inbox.c.message_id, in_history.label("kept"))
+            .where(*self._finished_inbox(cutoff))
+            .order_by(inbox.c.id)
+            .limit(limit)
+        )
+        with self._tx(write=True) as conn:
+            found = conn.execute(batch).all()
+            if not found:
+                return 0
+            remembered = [
+                {"thread_id": thread_id, "digest": message_digest(message_id)}
+                for _, thread_id, message_id, kept in found
+                if not kept
+            ]
+            if remembered:
+                conn.execute(insert_for(conn, t.pruned_ids).on_conflict_do_nothing(), remembered)
+            conn.execute(delete(inbox).where(inbox.c.id.in_([row[0] for row in found])))
+            return len(found)
 
     @retry_busy
     def _prune_rows(self, table: Table, where: tuple[Any, ...], limit: int) -> int:
@@ -204,8 +297,14 @@ class SQLRetention:
 
         with self._tx() as conn:
             roots = self._prunable_roots(cutoff)
+            subtrees = [
+                tree
+                for top in conn.execute(self._closed_under_open(cutoff)).scalars()
+                if (tree := self._subtree(conn, top, cutoff))
+            ]
+            in_trees = count(select(t.threads.c.id).where(t.threads.c.root_id.in_(roots)))
             return PruneCounts(
-                threads=count(select(t.threads.c.id).where(t.threads.c.root_id.in_(roots))),
+                threads=in_trees + sum(len(tree) for tree in subtrees),
                 inbox=count(select(t.inbox.c.id).where(*self._finished_inbox(cutoff))),
                 outbox=count(select(t.outbox.c.id).where(*self._ran_outbox(cutoff))),
                 timers=count(select(t.timers.c.id).where(*self._fired_timers(cutoff))),

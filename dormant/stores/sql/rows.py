@@ -89,6 +89,7 @@ def thread_values(thread: NewThread, now: datetime) -> dict[str, Any]:
         "failures": 0,
         "last_error": "",
         "retry_at": None,
+        "closed_reason": "",
         "inbox_seen": 0,
         "metadata": dict(thread.metadata),
         "usage": Usage().model_dump(mode="json"),
@@ -115,6 +116,7 @@ def thread_info(row: Row) -> ThreadInfo:
         last_error=row["last_error"],
         inbox_seen=row["inbox_seen"],
         retry_at=row["retry_at"],
+        closed_reason=row["closed_reason"],
     )
 
 

@@ -34,6 +34,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.closing import close_calls, streams_to_stop
+from dormant.stores.digest import message_digest
 from dormant.stores.sql.direct import run, run_many
 from dormant.stores.sql.items import ItemCache
 from dormant.stores.sql.prepared import prepared
@@ -68,6 +69,7 @@ __all__ = [
     "insert_outbox",
     "insert_timers",
     "own_items",
+    "seen_before",
     "upsert_calls",
 ]
 
@@ -196,8 +198,9 @@ def check_inbound(
     ``DuplicateMessage`` if it is that result again, else ``CallAnswered``."""
     ready = prepared(conn)
     if isinstance(message, UserMessage):
-        if get_thread(conn, thread_id, share=True).status is ThreadStatus.CLOSED:
-            raise ThreadClosed(thread_id)
+        info = get_thread(conn, thread_id, share=True)
+        if info.status is ThreadStatus.CLOSED:
+            raise ThreadClosed(thread_id, info.closed_reason)
         return
     # The thread (locked against a concurrent close) and the call, in one round trip.
     params = {"thread_id": thread_id, "call_id": message.call_id}
@@ -206,7 +209,7 @@ def check_inbound(
         raise UnknownThread(thread_id)
     status, state, subscription = found["status"], found["state"], found["subscription"]
     if status == ThreadStatus.CLOSED.value:
-        raise ThreadClosed(thread_id)
+        raise ThreadClosed(thread_id, found["closed_reason"])
     if state is None:
         raise UnknownCall(thread_id, message.call_id)
     if state == CallState.CANCELLED.value:
@@ -214,9 +217,19 @@ def check_inbound(
     if answered_ok or state != CallState.ANSWERED.value or subscription:
         return
     mine = {"thread_id": thread_id, "message_id": message_id}
-    if run(conn, ready.inbox_id_of, mine).first() is not None:
+    if run(conn, ready.inbox_id_of, mine).first() is not None or seen_before(
+        conn, thread_id, message_id
+    ):
         raise DuplicateMessage(thread_id, message_id)
     raise CallAnswered(thread_id, message.call_id, message_id)
+
+
+def seen_before(conn: Connection, thread_id: str, message_id: str) -> bool:
+    """Whether the thread had ``message_id`` though its inbox may no longer hold it: an item
+    of its history came from it, or retention pruned its row (``pruned_ids``)."""
+    digest = message_digest(message_id)
+    params: dict[str, Any] = {"thread_id": thread_id, "message_id": message_id, "digest": digest}
+    return run(conn, prepared(conn).seen_before, params).first() is not None
 
 
 def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
@@ -233,7 +246,16 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
     if commit.usage is not None:
         params["b_usage"] = commit.usage.model_dump(mode="json")
         stmt = ready.advance_thread_usage
-    return run(conn, stmt, params).rowcount == 1
+    if run(conn, stmt, params).rowcount != 1:
+        return False
+    if commit.closed_reason:  # rare (a close from outside): its own statement
+        threads = tables(conn).threads
+        conn.execute(
+            update(threads)
+            .where(threads.c.id == commit.thread_id)
+            .values(closed_reason=commit.closed_reason)
+        )
+    return True
 
 
 # Lineage: inheritance and closing a subtree ------------------------------------------
@@ -303,8 +325,9 @@ def children(conn: Connection, thread_id: str) -> list[ThreadInfo]:
 
 def close_descendants(conn: Connection, thread_id: str, now: datetime) -> list[OutboxRow]:
     """Close every open descendant (depth first, oldest child first): its pending calls
-    answered and its live subscriptions cancelled (``stores/closing.py``); the "cancel"
-    outbox rows let the tools' hooks stop their streams."""
+    answered, its timers cancelled and its live subscriptions cancelled
+    (``stores/closing.py``); the "cancel" outbox rows let the tools' hooks stop their
+    streams."""
     t = tables(conn)
     cancelled: list[OutboxRow] = []
     for child in children(conn, thread_id):
@@ -317,6 +340,7 @@ def close_descendants(conn: Connection, thread_id: str, now: datetime) -> list[O
             changed, results = close_calls(child.id, calls, (last or child.fork_seq or 0) + 1)
             upsert_calls(conn, child.id, changed)
             insert_items(conn, child.id, results)
+            cancel_timers(conn, child.id, [c.call_id for c in calls])
             live = [(child.id, c.call_id, "cancel") for c in streams_to_stop(calls, child.fork_seq)]
             cancelled += insert_outbox(conn, live, now)
             conn.execute(
@@ -324,6 +348,7 @@ def close_descendants(conn: Connection, thread_id: str, now: datetime) -> list[O
                 .where(t.threads.c.id == child.id)
                 .values(
                     status=ThreadStatus.CLOSED.value,
+                    closed_reason=f"its ancestor {thread_id} was closed",
                     version=t.threads.c.version + 1,
                     updated_at=now,
                 )

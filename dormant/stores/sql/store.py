@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, Engine, case, select, update
+from sqlalchemy import Connection, Engine, case, literal_column, select, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -355,7 +355,10 @@ class SQLStore(SQLRetention, SQLClaims):
         # Closing a subtree and messages for other threads are rare and still use
         # SQLAlchemy statements: only a commit without them runs direct.
         plain = not (
-            commit.close_descendants or commit.enqueue or any(t.messages for t in commit.threads)
+            commit.close_descendants
+            or commit.enqueue
+            or commit.closed_reason
+            or any(t.messages for t in commit.threads)
         )
         with self._tx(write=True, direct=plain) as conn:
             if not rows.advance_thread(conn, commit, now):
@@ -436,6 +439,23 @@ class SQLStore(SQLRetention, SQLClaims):
             found = run(conn, prepared(conn).next_timer_due).scalars()
             due: datetime | None = found[0] if found else None
             return due
+
+    @retry_busy
+    def idle_threads(self, agent: str, idle_before: datetime, limit: int = 100) -> list[str]:
+        threads = self._schema.threads
+        query = (  # ix_threads_idle: (agent, updated_at) where status = 'idle'
+            select(threads.c.id)
+            .where(
+                # a literal keeps the partial index usable by generic plans
+                threads.c.status == literal_column(f"'{ThreadStatus.IDLE.value}'"),
+                threads.c.agent == agent,
+                threads.c.updated_at < as_utc(idle_before),
+            )
+            .order_by(threads.c.updated_at, threads.c.id)
+            .limit(limit)
+        )
+        with self._tx() as conn:
+            return list(conn.execute(query).scalars())
 
     def close(self) -> None:
         self._engine.dispose()

@@ -29,6 +29,7 @@ from sqlalchemy import (
     ForeignKeyConstraint,
     Index,
     Integer,
+    LargeBinary,
     MetaData,
     PrimaryKeyConstraint,
     String,
@@ -47,6 +48,7 @@ __all__ = [
     "InboxColumns",
     "ItemColumns",
     "OutboxColumns",
+    "PrunedIdColumns",
     "Schema",
     "ThreadColumns",
     "TimerColumns",
@@ -111,6 +113,7 @@ class ThreadColumns(SQLModel):
     last_error: str = Field(default="", sa_type=Text)
     inbox_seen: int = Field(default=0, sa_type=BigInteger)
     retry_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
+    closed_reason: str = Field(default="", sa_type=Text)
     # "metadata" is reserved on declarative classes: the attribute is renamed, not the column.
     meta: dict[str, Any] = Field(
         default_factory=dict, sa_type=JSON, sa_column_kwargs={"name": "metadata"}
@@ -184,6 +187,15 @@ class TimerColumns(SQLModel):
     fired_at: datetime | None = Field(default=None, sa_type=UTCDateTime)
 
 
+class PrunedIdColumns(SQLModel):
+    """A message id retention pruned from a live thread's inbox that left no item in its
+    history, as an 8-byte digest (``stores/digest.py``): it stays a duplicate while the
+    thread lives, and goes with it."""
+
+    thread_id: str = Field(sa_type=String)
+    digest: bytes = Field(sa_type=LargeBinary)
+
+
 # The tables, per prefix ----------------------------------------------------------------
 
 
@@ -199,6 +211,7 @@ class Schema:
     inbox: Table
     outbox: Table
     timers: Table
+    pruned_ids: Table
 
 
 @functools.cache
@@ -233,6 +246,7 @@ def schema(prefix: str = "") -> Schema:
             Index(None, "created_at", "id"),
             Index(None, "root_id"),
             partial("threads_closed", "updated_at", where="status = 'closed'"),
+            partial("threads_idle", "agent", "updated_at", where="status = 'idle'"),
         ),
         items=table(
             ItemColumns,
@@ -269,6 +283,12 @@ def schema(prefix: str = "") -> Schema:
             thread_fk(),
             partial("timers_unfired", "due_at", where="fired_at IS NULL"),
             autoincrement,
+        ),
+        pruned_ids=table(
+            PrunedIdColumns,
+            "pruned_ids",
+            PrimaryKeyConstraint("thread_id", "digest"),
+            thread_fk(),
         ),
     )
 
