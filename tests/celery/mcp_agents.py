@@ -2,7 +2,8 @@
 
 The server's tools are listed when this module is imported (in each worker and client);
 each worker process keeps one ``tests/mcp_server.py`` running for its ``dormant.tool`` tasks.
-The server lingers after its stdin closes, so only the worker's shutdown stops it.
+With ``TEST_MCP_LINGER=1`` the server lingers after its stdin closes, so that only the
+worker's shutdown of its session stops it (a worker killed with SIGKILL would leave it).
 """
 
 from __future__ import annotations
@@ -42,7 +43,11 @@ mcp_caller = Agent(
     "mcp_caller",
     model=ScriptedModel(_caller),
     tools=mcp_tools(
-        stdio=[sys.executable, SERVER, "--linger"],
+        stdio=[
+            sys.executable,
+            SERVER,
+            *(["--linger"] if os.environ.get("TEST_MCP_LINGER") else []),
+        ],
         include=["add", "fail", "pid"],
         list_timeout_s=180,
         call_timeout_s=180,

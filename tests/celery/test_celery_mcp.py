@@ -4,6 +4,8 @@ one server for all its calls and stops it when it shuts down."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -66,7 +68,7 @@ def test_a_worker_keeps_one_mcp_server_for_concurrent_calls_and_stops_it_on_shut
 ) -> None:
     """One server per process that runs tasks: the threads worker's (8 calls at once), or
     its prefork child's, which leaves through ``os._exit`` and so runs no ``atexit``."""
-    d = deploy(DORMANT_AGENTS="mcp_agents")
+    d = deploy(DORMANT_AGENTS="mcp_agents", TEST_MCP_LINGER="1")
     worker = start_worker(d, pool, concurrency)
     d.wait_ready(worker, timeout_s=240)
     client = d.client()
@@ -77,11 +79,16 @@ def test_a_worker_keeps_one_mcp_server_for_concurrent_calls_and_stops_it_on_shut
     assert len(answers) == 8 and not any(a.is_error for a in answers)
     [server_pid] = {int(a.content) for a in answers}
     assert Path(f"/proc/{server_pid}").exists()
-
-    d.expected_deaths.add(worker.name)
-    worker.popen.send_signal(signal.SIGTERM)  # a warm shutdown
-    wait_until(lambda: not worker.alive(), 120, "the worker to shut down")
-    assert worker.popen.returncode == 0, worker.log()
-    # The server ignores the end of its stdin (--linger): only the worker's shutdown of its
-    # session stops it, and the worker reaps it before it exits (no orphan, no zombie).
-    assert not Path(f"/proc/{server_pid}").exists(), worker.log()
+    try:
+        d.expected_deaths.add(worker.name)
+        worker.popen.send_signal(signal.SIGTERM)  # a warm shutdown
+        wait_until(lambda: not worker.alive(), 120, "the worker to shut down")
+        assert worker.popen.returncode == 0, worker.log()
+        # The server ignores the end of its stdin (TEST_MCP_LINGER): only the worker's
+        # shutdown of its session stops it, and the worker reaps it before it exits (no
+        # orphan, no zombie).
+        assert not Path(f"/proc/{server_pid}").exists(), worker.log()
+    finally:  # a failed test leaves no server behind (the pid checked to be still ours)
+        with contextlib.suppress(OSError):
+            if b"mcp_server.py" in Path(f"/proc/{server_pid}/cmdline").read_bytes():
+                os.kill(server_pid, signal.SIGKILL)
