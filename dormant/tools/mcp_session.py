@@ -61,8 +61,9 @@ takes 6.5 s at most (stdin closed, 2 s, SIGTERM, 2 s, SIGKILL, 2 s), all run at 
 
 
 def run_once(server: McpServer, work: Work[_T], timeout_s: float) -> _T:
-    """``work`` in a session of its own, on a fresh event loop in this thread, all of it
-    (start, handshake, work, shutdown) within ``timeout_s``."""
+    """``work`` in a session of its own, on a fresh event loop in this thread: start,
+    handshake and work within ``timeout_s`` (the server's shutdown after it is the SDK's,
+    bounded)."""
     import anyio
 
     async def main() -> _T:
@@ -83,7 +84,9 @@ def call_in_session(server: McpServer, work: Work[_T]) -> _T:
     try:
         return future.result(timeout=server.call_timeout_s)
     except TimeoutError:
-        future.cancel()  # the loop's own deadline normally fires first; this is the backstop
+        # This wait or the loop's own deadline, whichever ends first: the caller is free
+        # on time even when the loop is too busy to notice its deadline.
+        future.cancel()
         raise
 
 
