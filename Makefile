@@ -57,6 +57,7 @@ bench: bench-env
 	$(BIN)/python bench/reference.py --waves 80,80,80 --sqlite-waves 10,10,10 \
 		--langgraph-waves 10,10,10
 	$(BIN)/python bench/celery_throughput.py --quick
+	$(BIN)/python bench/mcp_calls.py
 	$(BENCH_PLOT)/bin/python bench/plots.py
 
 bench-full: bench-env

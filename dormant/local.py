@@ -33,6 +33,7 @@ from dormant.stores.base import OutboxRow, Priority, Store
 from dormant.stores.memory.store import MemoryStore
 from dormant.stores.memory.sync import MemoryDedup, MemoryLease
 from dormant.tools.claims import held_claim
+from dormant.tools.mcp_session import close_mcp_sessions
 from dormant.tools.runner import execute_outbox
 
 __all__ = ["LocalSystem", "open_store"]
@@ -155,12 +156,14 @@ class LocalSystem(BaseClient):
         self.close()
 
     def close(self) -> None:
-        """Stop the sweeper, let running slices and tools finish, close the store."""
+        """Stop the sweeper, let running slices and tools finish, close the store and the
+        process's MCP sessions (their servers stop; a later call starts them again)."""
         self._stop.set()
         self._nudge.set()
         self._sweeper.join()
         self._pool.shutdown(wait=True)
         self.store.close()
+        close_mcp_sessions()
 
     def on_event(self, listener: Listener) -> None:
         """Call ``listener`` with every live event (chunks included), on worker threads."""

@@ -24,7 +24,13 @@ from collections.abc import Callable
 from typing import Any
 
 from celery import Celery
-from celery.signals import celeryd_init, worker_init, worker_ready
+from celery.signals import (
+    celeryd_init,
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+)
 from celery.utils.imports import cwd_in_path
 
 from dormant.agents import NO_AGENTS, AgentSource, load_agents
@@ -45,6 +51,7 @@ from dormant.celery.config import (
 from dormant.celery.dispatch import CeleryDispatcher, client_dispatcher
 from dormant.errors import ConfigurationError
 from dormant.settings import Settings
+from dormant.tools.mcp_session import close_mcp_sessions
 
 __all__ = [
     "PRUNE_TASK",
@@ -167,6 +174,14 @@ def install(
     celeryd_init.connect(before_worker, weak=False)
     worker_init.connect(refuse_without_secret, weak=False)
     worker_ready.connect(warm_up, weak=False)
+    # The process's MCP sessions stop their servers: the worker's (threads, solo) or a
+    # prefork child's, which leaves through os._exit and so never runs atexit.
+    worker_shutdown.connect(_close_mcp_sessions, weak=False)
+    worker_process_shutdown.connect(_close_mcp_sessions, weak=False)
+
+
+def _close_mcp_sessions(**_: Any) -> None:
+    close_mcp_sessions()
 
 
 _IN_PROCESS_POOLS = frozenset({"celery.concurrency.thread", "celery.concurrency.solo"})

@@ -1,8 +1,15 @@
-"""A small MCP server the tests start: stdio by default, Streamable HTTP with ``--port``."""
+"""A small MCP server the tests start: stdio by default, Streamable HTTP with ``--port``.
+
+``--linger`` keeps the process alive after its stdin closes (until a signal ends it), like
+a server that ignores the end of its input: only its client's shutdown (SIGTERM to its
+process group) stops it, so a test can tell that the client did shut it down.
+"""
 
 from __future__ import annotations
 
-import sys
+import argparse
+import os
+import signal
 import time
 
 from mcp.server.mcpserver import MCPServer
@@ -30,8 +37,34 @@ def slow(seconds: float) -> str:
     return "done"
 
 
+@server.tool()
+def pid() -> str:
+    """The server's process id (which process answered)."""
+    return str(os.getpid())
+
+
+@server.tool()
+def environment() -> str:
+    """The names of the server's environment variables, sorted, one a line."""
+    return "\n".join(sorted(os.environ))
+
+
+@server.tool()
+def crash(note: str) -> str:
+    """Append a line to the file ``note``, then exit in the middle of the call."""
+    with open(note, "a") as file:
+        file.write(f"{os.getpid()}\n")
+    os._exit(3)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) > 2 and sys.argv[1] == "--port":
-        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--linger", action="store_true")
+    args = parser.parse_args()
+    if args.port is not None:
+        server.run("streamable-http", host="127.0.0.1", port=args.port)
     else:
         server.run()
+    if args.linger:
+        signal.pause()

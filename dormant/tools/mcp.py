@@ -4,14 +4,15 @@
 it is called (at agent definition, so on import of the agents module in every process),
 and returns one ``Tool`` per server tool, its schema the server's own. Listing eagerly
 keeps the offered schemas identical on every worker and makes a missing server a loud
-``ConfigurationError`` at start-up, not an agent silently short of tools.
+``ConfigurationError`` at start-up, not an agent silently short of tools. Listing uses a
+session of its own, closed at once, within ``list_timeout_s``.
 
 Each call runs off the slice like any plain tool (a ``dormant.tool`` task, a thread
-locally): it opens a fresh session (a stdio server is started for the call and stopped
-after it), calls the tool and closes. A session per call holds nothing across calls, so
-nothing leaks across forked workers and a crashed server only fails the calls it was in.
-Every failure (the server does not start, ``timeout_s`` passes, the tool answers
-``isError``) raises ``McpToolError``, which the runner turns into an "Error: ..." result.
+locally), in the one session the process keeps with the server (``mcp_session.py``:
+started by the first call, restarted when the server dies, closed on worker shutdown),
+within ``call_timeout_s``. Every failure (the server does not start, the time is up, the
+connection breaks, the tool answers ``isError``) raises ``McpToolError``, which the runner
+turns into an "Error: ..." result.
 
 The ``mcp`` package is imported only here, and only when a server is contacted: install
 ``dormant[mcp]`` to use it.
@@ -20,8 +21,7 @@ The ``mcp`` package is imported only here, and only when a server is contacted: 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, create_model
 
 from dormant.errors import ConfigurationError
 from dormant.tools.base import Tool, ToolContext
+from dormant.tools.mcp_session import call_in_session, run_once
 
 if TYPE_CHECKING:
     from mcp import ClientSession
@@ -50,71 +51,60 @@ class McpToolError(Exception):
 
 @dataclass(frozen=True)
 class McpServer:
-    """Where the tools live: a command started per session (``stdio``), or a Streamable
-    HTTP endpoint (``url``). ``timeout_s`` bounds a whole session: start, handshake, call."""
+    """Where the tools live: a command (``stdio``) or a Streamable HTTP endpoint (``url``).
+
+    ``list_timeout_s`` bounds listing the tools (start, handshake, listing) and a
+    process's start of its own session; ``call_timeout_s`` bounds one call, from the
+    moment the tool task runs it (waiting for that start included)."""
 
     stdio: tuple[str, ...] = ()
     url: str | None = None
     env: Mapping[str, str] | None = None
     headers: Mapping[str, str] | None = None
-    timeout_s: float = 30.0
+    list_timeout_s: float = 30.0
+    call_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         if bool(self.stdio) == (self.url is not None):
             raise ConfigurationError("an MCP server needs exactly one of stdio=[...] or url=...")
-        if self.timeout_s <= 0:
-            raise ConfigurationError(f"MCP server {self.label}: timeout_s must be positive")
+        for name in ("list_timeout_s", "call_timeout_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigurationError(f"MCP server {self.label}: {name} must be positive")
 
     @property
     def label(self) -> str:
         return self.url if self.url is not None else " ".join(self.stdio)
 
-    def run(self, work: Callable[[ClientSession], Awaitable[_T]], what: str) -> _T:
-        """``work`` in a fresh session on a fresh event loop; any failure is an
-        ``McpToolError`` naming ``what`` and the server."""
-        import anyio
+    @property
+    def key(self) -> tuple[Any, ...]:
+        """What makes two servers the same one (they share a session): how to reach it."""
+        return (
+            self.stdio,
+            self.url,
+            tuple(sorted((self.env or {}).items())),
+            tuple(sorted((self.headers or {}).items())),
+        )
 
-        async def main() -> _T:
-            with anyio.fail_after(self.timeout_s):
-                async with self._session() as session:
-                    return await work(session)
-
+    def list(self, work: Callable[[ClientSession], Awaitable[_T]]) -> _T:
+        """``work`` in a session of its own, within ``list_timeout_s``."""
         try:
-            return anyio.run(main)
-        except TimeoutError:
-            raise McpToolError(
-                f"{what} on MCP server {self.label!r} timed out after {self.timeout_s:g} s"
-            ) from None
+            return run_once(self, work, self.list_timeout_s)
         except Exception as error:
-            raise McpToolError(
-                f"{what} on MCP server {self.label!r} failed: {_describe(error)}"
-            ) from error
+            raise self._failure("listing tools", error, self.list_timeout_s) from error
 
-    @asynccontextmanager
-    async def _session(self) -> AsyncIterator[ClientSession]:
-        from mcp import ClientSession
+    def call(self, work: Callable[[ClientSession], Awaitable[_T]], what: str) -> _T:
+        """``work`` in this process's session with the server, within ``call_timeout_s``."""
+        try:
+            return call_in_session(self, work)
+        except Exception as error:
+            raise self._failure(what, error, self.call_timeout_s) from error
 
-        async with AsyncExitStack() as stack:
-            read, write = await stack.enter_async_context(await self._transport(stack))
-            session = await stack.enter_async_context(ClientSession(read, write))
-            await session.initialize()
-            yield session
-
-    async def _transport(self, stack: AsyncExitStack) -> Any:
-        if self.url is not None:
-            from mcp.client.streamable_http import streamable_http_client
-            from mcp.shared._httpx_utils import create_mcp_http_client
-
-            # The transport leaves a client it is given open: the stack closes it, even
-            # when a timeout cancels the call mid-request.
-            client = create_mcp_http_client(headers=dict(self.headers or {}))
-            await stack.enter_async_context(client)
-            return streamable_http_client(self.url, http_client=client)
-        from mcp.client.stdio import StdioServerParameters, stdio_client
-
-        command, *args = self.stdio
-        env = dict(self.env) if self.env is not None else None
-        return stdio_client(StdioServerParameters(command=command, args=args, env=env))
+    def _failure(self, what: str, error: Exception, timeout_s: float) -> McpToolError:
+        if isinstance(error, TimeoutError):
+            return McpToolError(
+                f"{what} on MCP server {self.label!r} timed out after {timeout_s:g} s"
+            )
+        return McpToolError(f"{what} on MCP server {self.label!r} failed: {_describe(error)}")
 
 
 @dataclass(frozen=True)
@@ -143,7 +133,7 @@ class McpTool(Tool):
         async def call(session: ClientSession) -> CallToolResult:
             return await session.call_tool(self.remote_name, args)
 
-        result = server.run(call, f"calling {self.remote_name!r}")
+        result = server.call(call, f"calling {self.remote_name!r}")
         text = _text(result)
         if result.is_error:
             raise McpToolError(f"tool {self.remote_name!r} reported an error: {text}")
@@ -159,14 +149,15 @@ def mcp_tools(
     prefix: str = "",
     env: Mapping[str, str] | None = None,
     headers: Mapping[str, str] | None = None,
-    timeout_s: float = 30.0,
+    list_timeout_s: float = 30.0,
+    call_timeout_s: float = 30.0,
 ) -> list[Tool]:
     """The server's tools (those named in ``include``, if given, less ``exclude``), named
     ``prefix + name``. Lists them now; raises ``ConfigurationError`` if that fails or a
     name in ``include`` is not served."""
-    server = McpServer(tuple(stdio), url, env, headers, timeout_s)
+    server = McpServer(tuple(stdio), url, env, headers, list_timeout_s, call_timeout_s)
     try:
-        listed = server.run(_list_tools, "listing tools")
+        listed = server.list(_list_tools)
     except McpToolError as error:
         raise ConfigurationError(str(error)) from error
     names = [t.name for t in listed]
