@@ -18,14 +18,16 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chaos.agents import CALLBACKS, SUBSCRIPTIONS
-from chaos.faults import Cluster
 from dormant.errors import UnknownThread
 from dormant.messages import UserText
 from dormant.ops.check import Problem, check_store
 from dormant.stores.base import InboxState, Store
+
+if TYPE_CHECKING:
+    # chaos.agents connects Celery signal handlers when imported: only the run needs it.
+    from chaos.faults import Cluster
 
 __all__ = ["Verdict", "assess", "judge"]
 
@@ -114,6 +116,8 @@ def _quiet(store: Any) -> bool:
 
 def _to_answer(cluster: Cluster) -> int:
     """Jobs and subscriptions the driver has yet to answer."""
+    from chaos.agents import CALLBACKS, SUBSCRIPTIONS
+
     return int(cluster.stats.llen(CALLBACKS)) + int(cluster.stats.llen(SUBSCRIPTIONS))
 
 
