@@ -14,15 +14,22 @@ from pathlib import Path
 import redis
 
 from chaos.agents import READY
+from chaos.proxy import DROPPABLE, BrokerProxy
 from chaos.services import OwnPostgres, OwnRedis
 
-__all__ = ["FAULT_KINDS", "Cluster"]
+__all__ = ["DROP", "FAULT_KINDS", "Cluster", "fault_schedule"]
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = "dormant.interactive,dormant.background,dormant.tools"
 
 WORKER_START_TIMEOUT_S = 600.0
 """Generous: on a shared two-core machine at load 11, three workers took over 180 s."""
+
+DROP = "broker dropped a task"
+DROP_WAIT_S = 60.0
+"""How long a drop waits for a task to be published. While user text is being sent (drops
+come only then) one is published within moments; a drop that waits this long found a system
+that publishes nothing, and is reported as missed."""
 
 FAULT_KINDS = (
     "worker SIGKILL",
@@ -31,8 +38,24 @@ FAULT_KINDS = (
     "redis killed and restarted",
     "redis paused",
     "postgres crashed and restarted",
-    "broker dropped a task",
+    DROP,
 )
+
+
+def fault_schedule(faults: int, rng: random.Random, sending: int) -> list[str]:
+    """``faults`` kinds in a seeded order, each kind as often as the others (give or take
+    one), with drops only among the first ``sending``, while user text still goes out: a
+    drop waits for a task to be published, and the user text let go as each fault starts
+    (``Pacer``) makes sure one is."""
+    kinds = [FAULT_KINDS[k % len(FAULT_KINDS)] for k in range(faults)]
+    rng.shuffle(kinds)
+    for late in [i for i in range(sending, faults) if kinds[i] == DROP]:
+        early = [i for i in range(min(sending, faults)) if kinds[i] != DROP]
+        if not early:
+            break  # too few faults to place every drop early: the rest stay where they are
+        swap = rng.choice(early)
+        kinds[swap], kinds[late] = kinds[late], kinds[swap]
+    return kinds
 
 
 @dataclass
@@ -43,12 +66,17 @@ class Cluster:
     log_dir: Path
     redis_server: OwnRedis
     postgres: OwnPostgres
+    proxy: BrokerProxy
     stats: redis.Redis
     rng: random.Random
     workers: int
     concurrency: int
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     faults: Counter[str] = field(default_factory=Counter)
+    missed: Counter[str] = field(default_factory=Counter)
+    """Faults that found nothing to hit: a drop for which no task was published in time."""
+    dropped: list[str] = field(default_factory=list)
+    """The tasks the broker dropped, as ``"<task name> <kwargs>"``."""
     unexpected_exits: list[str] = field(default_factory=list)
     _serial: int = 0
 
@@ -84,7 +112,8 @@ class Cluster:
             )
 
     def check_alive(self) -> None:
-        """Note (and replace) any process that died without being killed by a fault."""
+        """Note (and replace) any process that died without being killed by a fault, the
+        broker proxy included."""
         for name, proc in list(self.procs.items()):
             if proc.poll() is not None:
                 self.unexpected_exits.append(f"{name} exited with {proc.returncode}")
@@ -93,9 +122,13 @@ class Cluster:
                     self._start("beat", ["beat", "-l", "warning"])
                 else:
                     self._start_worker()
+        if (code := self.proxy.exited()) is not None:
+            self.unexpected_exits.append(f"the broker proxy exited with {code}")
+            self.proxy.start()
 
     def inject(self, kind: str) -> bool:
-        """Inject one fault of ``kind``; False if there was nothing to hit (an empty queue)."""
+        """Inject one fault of ``kind``; False if there was nothing to hit (no task was
+        published for the broker to drop)."""
         self.check_alive()
         match kind:
             case "worker SIGKILL":
@@ -121,8 +154,14 @@ class Cluster:
                 time.sleep(self.rng.uniform(0.0, 0.5))
                 self.postgres.start()
             case "broker dropped a task":
-                if not self._drop_a_task():
-                    return False  # nothing queued to drop: not counted
+                # Slice wakes and tool tasks in turn: each has its own way back (the wake
+                # mark expires; the tool start timeout passes), and each must be taken.
+                name = DROPPABLE[self.faults[kind] % len(DROPPABLE)]
+                dropped = self.proxy.drop_next_task(name, within_s=DROP_WAIT_S)
+                if dropped is None:
+                    self.missed[kind] += 1  # no task published: not counted
+                    return False
+                self.dropped.append(dropped)
             case _:
                 raise ValueError(f"unknown fault {kind!r}")
         self.faults[kind] += 1
@@ -132,46 +171,6 @@ class Cluster:
         proc = self.procs.pop(name)
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
-
-    def _drop_a_task(self) -> bool:
-        """Take one queued task message off a broker list, as a failing broker would lose it.
-
-        On a quiet machine the lists are empty whenever they are looked at: Redis hands each
-        published task straight to a worker blocked in BRPOP. If a first look finds nothing,
-        the workers are paused (SIGSTOP, for half the lease TTL at most: no lease lapses), so
-        that once their BRPOPs are served later tasks stay queued, and one is dropped. A
-        quiet run may still find none."""
-        if self._pop_a_task(within_s=0.5):
-            return True
-        workers = [proc for name, proc in self.procs.items() if name != "beat"]
-        for proc in workers:
-            proc.send_signal(signal.SIGSTOP)
-        try:
-            return self._pop_a_task(within_s=float(self.env["DORMANT_LEASE_TTL_S"]) / 2)
-        finally:
-            for proc in workers:
-                proc.send_signal(signal.SIGCONT)
-
-    def _pop_a_task(self, within_s: float) -> bool:
-        client = self.redis_server.client()
-        try:
-            deadline = time.monotonic() + within_s
-            while time.monotonic() < deadline:
-                queues = [
-                    k
-                    for k in client.scan_iter(match=b"chaos:broker:dormant.*", count=1000)
-                    if client.type(k) == b"list"
-                ]
-                self.rng.shuffle(queues)
-                for queue in queues:
-                    if client.rpop(queue) is not None:
-                        return True
-                time.sleep(0.05)
-            return False
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
 
     def stop(self) -> None:
         for proc in self.procs.values():

@@ -1,16 +1,17 @@
 """``make chaos``: agents at work on real processes while a driver injects every fault.
 
 Run ``python -m chaos.run --agents 500 --faults 245 --seed 7``. It starts its own
-``redis-server`` (broker and dormant's Redis), its own PostgreSQL cluster (``initdb`` under
-a temporary directory), a stats Redis no fault touches, 3 workers and beat; launches the
+``redis-server`` (broker and dormant's Redis; the broker's clients reach it through
+``chaos.proxy``), its own PostgreSQL cluster (``initdb`` under a temporary directory), a
+stats Redis no fault touches, 3 workers and beat; launches the
 agents (``chaos.agents``: deferred jobs, subscriptions with events, child threads, timers),
 sends them more user text, answers their jobs and subscriptions, and meanwhile injects
 faults of every kind in a seeded order (printed): worker and beat SIGKILLs (restarted),
 Redis FLUSHALL, Redis killed and restarted, Redis paused longer than the lease TTL,
-PostgreSQL crashed (``pg_ctl -m immediate``) and restarted, the broker dropping a task.
-Then it waits for the system to quiesce, runs ``check_store`` and prints faults by kind,
-messages sent, slices run, lost, duplicated, stuck and the time to quiesce; it exits 1 on
-any violation.
+PostgreSQL crashed (``pg_ctl -m immediate``) and restarted, the broker losing a published
+task. Then it waits for the system to quiesce, runs ``check_store`` and prints faults by
+kind, messages sent, slices run, lost, duplicated, stuck, broken and the time to quiesce; it
+exits 1 on any violation.
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from chaos.agents import CALLBACKS, SLICES, SUBSCRIPTIONS, TOOL_RUNS
-from chaos.faults import FAULT_KINDS, Cluster
+from chaos.faults import Cluster, fault_schedule
+from chaos.proxy import BrokerProxy
 from chaos.services import OwnPostgres, OwnRedis, available
 from chaos.verdict import Verdict, judge
 
@@ -85,21 +87,21 @@ def retry(what: Callable[[], T], stop: threading.Event, give_up_s: float = CALL_
 @dataclass
 class Pacer:
     """Lets the senders' k-th of n later messages go once ``SEND_SHARE * k / n`` of the
-    faults are in: messages keep flowing through the whole fault window (launches come
+    faults have begun: messages keep flowing through the whole fault window (launches come
     first, at once), so faults hit slices of fresh user text until the end, whatever the
     faults' own durations (a Redis pause or a PostgreSQL restart takes seconds)."""
 
     faults: int
-    _injected: int = 0
+    _started: int = 0
     _finished: bool = False
     _changed: threading.Condition = field(default_factory=threading.Condition)
 
-    def fault_tried(self) -> None:
-        """A fault was tried, hit or missed. A miss counts too: a fault that needs traffic
-        (a queued task to drop) misses on a quiet system, and senders waiting for it to hit
-        would keep the system quiet until every retry was spent."""
+    def fault_started(self) -> None:
+        """A fault begins: its share of user text goes now, while it is injected. A drop
+        waits for a task to be published, and this text (the wakes it sends, the slices and
+        tools it starts) is what publishes one."""
         with self._changed:
-            self._injected += 1
+            self._started += 1
             self._changed.notify_all()
 
     def finish(self) -> None:
@@ -111,7 +113,7 @@ class Pacer:
     def wait_turn(self, k: int, n: int, stop: threading.Event) -> None:
         due = SEND_SHARE * self.faults * k / max(1, n)
         with self._changed:
-            while not (self._finished or stop.is_set() or self._injected >= due):
+            while not (self._finished or stop.is_set() or self._started >= due):
                 self._changed.wait(timeout=1.0)
 
 
@@ -270,10 +272,12 @@ def main(argv: list[str] | None = None) -> int:
     own = OwnRedis(work / "redis")
     stats_server = OwnRedis(work / "stats")
     pg = OwnPostgres(work / "pg")
+    proxy = BrokerProxy(work / "proxy", own.port, stats_server.url)
     cluster: Cluster | None = None
     try:
         own.start()
         stats_server.start()
+        proxy.start()
         pg.init()
         pg.start()
         database_url = pg.create_database("dormant")
@@ -283,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         env = {
             **CHAOS_SETTINGS,
             "DORMANT_DATABASE_URL": database_url,
-            "DORMANT_BROKER_URL": own.url,
+            "DORMANT_BROKER_URL": proxy.url,  # the broker that drops a task when told
             "DORMANT_REDIS_URL": own.url,
             "DORMANT_KEY_PREFIX": "chaos",
             "DORMANT_BROKER_KEY_PREFIX": "chaos:broker:",
@@ -293,7 +297,9 @@ def main(argv: list[str] | None = None) -> int:
             "PYTHONPATH": str(ROOT),
         }
         stats = redis.Redis.from_url(stats_server.url, decode_responses=True)
-        cluster = Cluster(env, work / "logs", own, pg, stats, rng, args.workers, args.concurrency)
+        cluster = Cluster(
+            env, work / "logs", own, pg, proxy, stats, rng, args.workers, args.concurrency
+        )
         cluster.start()
         verdict = _run(args, console, env, stats, rng, cluster)
         console.print(verdict.report(seed))
@@ -301,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if cluster is not None:
             cluster.stop()
+        proxy.stop()
         own.stop()
         stats_server.stop()
         pg.stop()
@@ -353,23 +360,15 @@ def _run(
 
         sender = threading.Thread(target=send_all, daemon=True)
         sender.start()
-        kinds = [FAULT_KINDS[k % len(FAULT_KINDS)] for k in range(args.faults)]
-        rng.shuffle(kinds)
-        misses = 0
+        kinds = fault_schedule(args.faults, rng, sending=int(SEND_SHARE * args.faults))
         last_fault = time.monotonic()
         try:
-            while kinds:
-                kind = kinds.pop(0)
+            for kind in kinds:
                 time.sleep(rng.uniform(0.5, 1.5) * args.fault_gap_s)
+                pacer.fault_started()  # its share of user text goes as the fault begins
                 if cluster.inject(kind):
                     last_fault = time.monotonic()
                     progress.advance(faulting)
-                elif misses < max(10, args.faults // 10):  # nothing to hit: try it later
-                    # Somewhere among the faults still to come, not last: once the senders
-                    # are done the system goes quiet, and a drop finds no queued task.
-                    misses += 1
-                    kinds.insert(rng.randrange(len(kinds) + 1), kind)
-                pacer.fault_tried()
         finally:
             pacer.finish()  # whatever is left may go now
         sender.join(timeout=SENDER_GRACE_S)
@@ -395,6 +394,8 @@ def _run(
             answerer.join(timeout=30)
         pool.shutdown(wait=False, cancel_futures=True)
     verdict.faults = Counter(cluster.faults)
+    verdict.missed = Counter(cluster.missed)
+    verdict.dropped = list(cluster.dropped)
     verdict.messages_sent = driver.messages
     verdict.slices = int(stats.get(SLICES) or 0)
     verdict.tool_runs = int(stats.get(TOOL_RUNS) or 0)
