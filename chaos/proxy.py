@@ -31,7 +31,7 @@ from pathlib import Path
 import redis
 import redis.asyncio
 
-from chaos.services import free_port
+from chaos.services import free_port, redis_answers
 from dormant.celery.config import QUEUES, SLICE_TASK, TOOL_TASK
 
 __all__ = [
@@ -212,19 +212,10 @@ class BrokerProxy:
                 argv, cwd=Path(__file__).resolve().parent.parent, stdout=log, stderr=log
             )
         deadline = time.monotonic() + timeout_s
-        while not self._answers():
+        while not redis_answers(self.port):
             if time.monotonic() > deadline or self.process.poll() is not None:
                 raise TimeoutError(f"the broker proxy on port {self.port} did not start")
             time.sleep(0.05)
-
-    def _answers(self) -> bool:
-        client = redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=1)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
 
     def exited(self) -> int | None:
         """The exit code if the proxy died, else None."""

@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 import redis
 
-__all__ = ["OwnPostgres", "OwnRedis", "free_port"]
+__all__ = ["OwnPostgres", "OwnRedis", "free_port", "redis_answers"]
 
 
 def free_port() -> int:
@@ -82,13 +82,7 @@ class OwnRedis:
         )
 
     def ping(self) -> bool:
-        client = redis.Redis(port=self.port, socket_connect_timeout=1, socket_timeout=1)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+        return redis_answers(self.port)
 
     def client(self) -> redis.Redis:
         return redis.Redis(port=self.port, socket_connect_timeout=2, socket_timeout=5)
@@ -227,3 +221,14 @@ def available() -> str:
     if os.geteuid() == 0 and shutil.which("runuser") is None:
         return "initdb refuses to run as root and runuser is missing"
     return ""
+
+
+def redis_answers(port: int) -> bool:
+    """Whether a Redis (or something speaking its protocol) answers PING on ``port``."""
+    client = redis.Redis(port=port, socket_connect_timeout=1, socket_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()

@@ -11,7 +11,14 @@ from datetime import UTC, datetime
 
 from chaos.verdict import assess
 from dormant.messages import AssistantTurn, Item, ToolCall, ToolResult, UserMessage, UserText
-from dormant.stores.base import Commit, NewThread, StoredItem, ThreadStatus
+from dormant.stores.base import (
+    CallRecord,
+    CallState,
+    Commit,
+    NewThread,
+    StoredItem,
+    ThreadStatus,
+)
 from dormant.stores.memory.store import MemoryStore
 
 THREAD = "thr_chaos00001"
@@ -27,15 +34,23 @@ def store_with_u0_applied() -> MemoryStore:
 
 
 def apply(store: MemoryStore, *items: tuple[str, Item]) -> None:
-    """Commit ``items`` (message id, item) and mark every pending row done, as a slice would."""
+    """Commit ``items`` (message id, item) and mark every pending row done, as a slice would
+    (each call made gets its record, answered)."""
     snap = store.load(THREAD)
     stored = [StoredItem(snap.next_seq + i, m, it) for i, (m, it) in enumerate(items)]
+    calls = [
+        CallRecord(c.call_id, c.name, c.args, s.seq, CallState.ANSWERED)
+        for s in stored
+        if isinstance(s.item, AssistantTurn)
+        for c in s.item.calls
+    ]
     commit = Commit(
         THREAD,
         snap.thread.version,
         ThreadStatus.IDLE,
         max((r.id for r in snap.inbox), default=0),
         items=stored,
+        calls=calls,
         done=[r.id for r in snap.inbox],
     )
     assert store.commit(commit) is not None

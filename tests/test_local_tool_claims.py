@@ -72,9 +72,11 @@ def test_two_processes_opening_one_new_sqlite_file_at_once_both_migrate_it(
     """Both find no tables and create them; the second used to fail with "database is
     locked" or "table dormant_alembic_version already exists"."""
     urls = [f"sqlite:///{tmp_path}/new-{attempt}.db" for attempt in range(3)]
-    forked = multiprocessing.get_context("fork")
-    start = forked.Barrier(2)
-    openers = [forked.Process(target=_upgrade_each, args=(urls, start)) for _ in range(2)]
+    # spawn, not fork: a fork of this many-threaded test process can inherit a lock some
+    # other thread holds (logging's, an import's) and hang at the barrier
+    spawned = multiprocessing.get_context("spawn")
+    start = spawned.Barrier(2)
+    openers = [spawned.Process(target=_upgrade_each, args=(urls, start)) for _ in range(2)]
     for opener in openers:
         opener.start()
     for opener in openers:
