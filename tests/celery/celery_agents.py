@@ -219,6 +219,7 @@ class _Closable:
 
 
 echo = Agent("echo", model=_Recorded(ScriptedModel(_echo)))
+forgetful = Agent("forgetful", model=ScriptedModel(_echo), close_after_idle_s=2.0)
 calc = Agent("calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.05), tools=[add])
 slow_calc = Agent("slow_calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.3), tools=[add])
 napper = Agent("napper", model=ScriptedModel(_napper))
@@ -241,6 +242,7 @@ closable = Agent(
 
 AGENTS = [
     echo,
+    forgetful,
     calc,
     slow_calc,
     napper,

@@ -22,6 +22,7 @@ from celery import Celery
 from conftest import Deployment, Proc, scaled, wait_until
 
 from dormant.messages import AssistantTurn
+from dormant.stores.base import ThreadStatus
 from dormant.worker import SLICE_TASK, broker_priority, celery_config
 
 BEATS: dict[str, Callable[[Deployment], Proc]] = {
@@ -184,3 +185,28 @@ def test_beat_sweeps_on_time_while_the_queues_hold_a_burst_of_thousands_of_tasks
     assert rewoken > 0  # threads whose wakes outlived their marks were woken again
     ours = {*threads, *(f"burst-{n}" for n in range(BURST_TASKS))}
     assert {m["thread_id"] for m in queued(d)} <= ours
+
+
+def test_beat_closes_a_thread_idle_past_its_agents_limit(
+    deploy: Callable[..., Deployment],
+) -> None:
+    """The sweep runs in beat, so beat enforces ``Agent(close_after_idle_s=...)``: it loads
+    the agents (``DORMANT_AGENTS``) for their limits. A thread of an agent without a limit
+    stays open."""
+    d = deploy()
+    worker = d.start_worker("w1")
+    BEATS["dormant beat"](d)
+    d.wait_ready(worker)
+    client = d.client()
+    forgotten = client.launch("forgetful", "hello")
+    kept = client.launch("echo", "hello")
+    wait_until(
+        lambda: client.thread(forgotten).status is ThreadStatus.CLOSED,
+        scaled(30),
+        "beat to close the idle thread",
+        check=d.check_alive,
+    )
+    closed = client.thread(forgotten)
+    assert closed.closed_reason == "idle for more than 2 s"
+    assert client.history(forgotten)[-1] == AssistantTurn(text="seen 1")
+    assert client.thread(kept).status is ThreadStatus.IDLE
