@@ -13,17 +13,18 @@ import base64
 import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from celery import Celery
-from conftest import Deployment, Proc, scaled, wait_until
+from conftest import Deployment, Proc, _unavailable, scaled, wait_until
 
 from dormant.messages import AssistantTurn
 from dormant.stores.base import ThreadStatus
 from dormant.worker import SLICE_TASK, broker_priority, celery_config
+from tests.databases import temporary_database
 
 BEATS: dict[str, Callable[[Deployment], Proc]] = {
     "dormant beat": lambda d: d.start_cli("beat", "beat", "-l", "info"),
@@ -74,11 +75,19 @@ def wakes_for(d: Deployment, thread_id: str) -> list[dict[str, Any]]:
     return [m for m in queued(d) if m == {"task": SLICE_TASK, "thread_id": thread_id}]
 
 
+@pytest.fixture
+def own_database() -> Iterator[str]:
+    """A database of the test's own: the session's is shared by every deployment, and a
+    sweep would rightly wake the threads earlier tests left with unapplied rows."""
+    with temporary_database("dormant_beat", _unavailable) as url:
+        yield url
+
+
 @pytest.mark.parametrize("beat", list(BEATS))
 def test_an_idle_fleet_leaves_every_queue_empty_yet_timers_and_stranded_threads_get_their_wake(
-    deploy: Callable[..., Deployment], beat: str
+    deploy: Callable[..., Deployment], beat: str, own_database: str
 ) -> None:
-    d = deploy(TEST_NAP_S=str(NAP_S))
+    d = deploy(TEST_NAP_S=str(NAP_S), DORMANT_DATABASE_URL=own_database)
     worker = d.start_worker("w1")
     BEATS[beat](d)
     d.wait_ready(worker)
@@ -148,12 +157,16 @@ BURST_THREADS = 300
 
 
 def test_beat_sweeps_on_time_while_the_queues_hold_a_burst_of_thousands_of_tasks(
-    deploy: Callable[..., Deployment],
+    deploy: Callable[..., Deployment], own_database: str
 ) -> None:
     """With the production interval and wake-mark lifetime (2 s, 10 s) and no worker to
     drain them, 3,300 slice tasks wait in the queues; beat's sweeps keep their interval,
     and each re-wakes (at most 100) threads whose wakes are older than their marks."""
-    d = deploy(DORMANT_SWEEP_INTERVAL_S="2", DORMANT_OUTBOX_GRACE_S="10")
+    d = deploy(
+        DORMANT_SWEEP_INTERVAL_S="2",
+        DORMANT_OUTBOX_GRACE_S="10",
+        DORMANT_DATABASE_URL=own_database,
+    )
     client = d.client()
     threads = [client.launch("echo", f"burst {n}") for n in range(BURST_THREADS)]
     app = Celery("burst", set_as_current=False)
