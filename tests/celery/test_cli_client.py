@@ -15,6 +15,7 @@ from conftest import Deployment, wait_until
 from typer.testing import CliRunner
 
 from dormant.cli import app
+from dormant.client import Client
 from dormant.messages import UserText
 from dormant.stores.base import CallRecord, CallState, Commit
 
@@ -46,11 +47,34 @@ def test_launch_send_and_deliver_from_the_command_line(deploy: Callable[..., Dep
     assert unknown.exit_code == 1 and "never made call 'call_nope'" in unknown.output
 
 
-def test_the_callback_server_receives_a_signed_callback(deploy: Callable[..., Deployment]) -> None:
-    d = deploy()
+def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return int(probe.getsockname()[1])
+
+
+def _pending_call(client: Client, thread_id: str) -> str:
+    """Record a pending call ``call_x`` by hand, to call back for; its callback URL's path."""
+    snap = client.store.load(thread_id)
+    record = CallRecord("call_x", "add", {"a": 1, "b": 2}, 1, CallState.PENDING)
+    commit = Commit(thread_id, snap.thread.version, snap.thread.status, 0, calls=[record])
+    assert client.store.commit(commit) is not None
+    return client.callback_url(thread_id, "call_x").split("/", 3)[3]
+
+
+def _wait_listening(port: int) -> None:
+    def listening() -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/").status_code == 405
+        except httpx.ConnectError:
+            return False
+
+    wait_until(listening, 20, "the callback server to listen")
+
+
+def test_the_callback_server_receives_a_signed_callback(deploy: Callable[..., Deployment]) -> None:
+    d = deploy()
+    port = _free_port()
     env = {**os.environ, **d.env}
     server = subprocess.Popen(
         [sys.executable, "-m", "dormant.cli", "callbacks", "--port", str(port)],
@@ -61,19 +85,8 @@ def test_the_callback_server_receives_a_signed_callback(deploy: Callable[..., De
     try:
         client = d.client()
         thread_id = client.launch("calc", "hello")
-        snap = client.store.load(thread_id)  # a call to call back for, recorded by hand
-        record = CallRecord("call_x", "add", {"a": 1, "b": 2}, 1, CallState.PENDING)
-        commit = Commit(thread_id, snap.thread.version, snap.thread.status, 0, calls=[record])
-        assert client.store.commit(commit) is not None
-        path = client.callback_url(thread_id, "call_x").split("/", 3)[3]
-
-        def listening() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/").status_code == 405
-            except httpx.ConnectError:
-                return False
-
-        wait_until(listening, 20, "the callback server to listen")
+        path = _pending_call(client, thread_id)
+        _wait_listening(port)
         answer = httpx.post(f"http://127.0.0.1:{port}/{path}", json={"result": "3"})
         assert answer.status_code == 202, answer.text
         forged = httpx.post(f"http://127.0.0.1:{port}/{path[:-3]}xyz", json={"result": "4"})
@@ -91,9 +104,7 @@ def test_the_callback_server_keeps_a_slash_and_a_percent_sign_inside_a_thread_id
     """wsgiref hands the app a decoded path, where an encoded "/" has become a separator:
     ``dormant callbacks`` reads the request target as sent, and logs it without the token."""
     d = deploy()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = _free_port()
     log_path = tmp_path / "callbacks.log"
     with log_path.open("wb") as log:
         server = subprocess.Popen(
@@ -105,20 +116,9 @@ def test_the_callback_server_keeps_a_slash_and_a_percent_sign_inside_a_thread_id
     try:
         client = d.client()
         thread_id = client.launch("calc", "hello", thread_id="team/a%41b")
-        snap = client.store.load(thread_id)
-        record = CallRecord("call_x", "add", {"a": 1, "b": 2}, 1, CallState.PENDING)
-        commit = Commit(thread_id, snap.thread.version, snap.thread.status, 0, calls=[record])
-        assert client.store.commit(commit) is not None
-        path = client.callback_url(thread_id, "call_x").split("/", 3)[3]
+        path = _pending_call(client, thread_id)
         assert "/team%2Fa%2541b/call_x?token=" in path
-
-        def listening() -> bool:
-            try:
-                return httpx.get(f"http://127.0.0.1:{port}/").status_code == 405
-            except httpx.ConnectError:
-                return False
-
-        wait_until(listening, 20, "the callback server to listen")
+        _wait_listening(port)
         answer = httpx.post(f"http://127.0.0.1:{port}/{path}", json={"result": "3"})
         assert answer.status_code == 202, answer.text
         contents = [getattr(r.message, "content", None) for r in client.store.inbox(thread_id)]
