@@ -77,6 +77,14 @@ def celery_database_url() -> Iterator[str]:
         yield url
 
 
+@pytest.fixture
+def own_database() -> Iterator[str]:
+    """A database of the test's own: the session's is shared by every deployment, and a
+    sweep would rightly wake the threads earlier tests left with unapplied rows."""
+    with temporary_database("dormant_own", _unavailable) as url:
+        yield url
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[redis.Redis]:
     client = redis.Redis.from_url(REDIS_URL, decode_responses=True, socket_connect_timeout=3)

@@ -13,18 +13,17 @@ import base64
 import itertools
 import json
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 from celery import Celery
-from conftest import Deployment, Proc, _unavailable, scaled, wait_until
+from conftest import Deployment, Proc, scaled, wait_until
 
 from dormant.messages import AssistantTurn
 from dormant.stores.base import ThreadStatus
 from dormant.worker import SLICE_TASK, broker_priority, celery_config
-from tests.databases import temporary_database
 
 BEATS: dict[str, Callable[[Deployment], Proc]] = {
     "dormant beat": lambda d: d.start_cli("beat", "beat", "-l", "info"),
@@ -73,14 +72,6 @@ def watch_sweeps(d: Deployment, window_s: float, each: Callable[[], None]) -> li
 
 def wakes_for(d: Deployment, thread_id: str) -> list[dict[str, Any]]:
     return [m for m in queued(d) if m == {"task": SLICE_TASK, "thread_id": thread_id}]
-
-
-@pytest.fixture
-def own_database() -> Iterator[str]:
-    """A database of the test's own: the session's is shared by every deployment, and a
-    sweep would rightly wake the threads earlier tests left with unapplied rows."""
-    with temporary_database("dormant_beat", _unavailable) as url:
-        yield url
 
 
 @pytest.mark.parametrize("beat", list(BEATS))

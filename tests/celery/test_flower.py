@@ -319,9 +319,11 @@ def test_a_stalled_threads_slices_are_failures_with_the_reason_in_flower_and_its
 
 @pytest.mark.timeout(300)
 def test_sweeps_are_neither_rows_in_flower_nor_lines_in_the_worker_log(
-    deploy: Callable[..., Deployment],
+    deploy: Callable[..., Deployment], own_database: str
 ) -> None:
-    d = deploy(DORMANT_SWEEP_INTERVAL_S="0.5")
+    # Its own database: beat's sweep would rightly wake threads earlier tests left, and then
+    # say "woke 2 threads".
+    d = deploy(DORMANT_SWEEP_INTERVAL_S="0.5", DORMANT_DATABASE_URL=own_database)
     worker = _start_worker(d, "w1", "info")
     beat = d._start("beat", ["-A", "dormant.worker", "beat", "-l", "debug"], {})
     flower = _start_flower(d)
