@@ -4,6 +4,8 @@ while the database blinks."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 
@@ -103,6 +105,25 @@ def test_the_heartbeat_keeps_a_long_run_claimed(store: Store) -> None:
             time.sleep(0.1)
     with held_claim(store, row.id, ttl_s=30) as again:
         assert not again, "the first run's claim is still live"
+
+
+def test_one_thread_keeps_many_runs_claimed_and_stops_renewing_a_finished_one(
+    store: Store,
+) -> None:
+    rows = [_row(store) for _ in range(12)]
+    before = threading.active_count()
+    with contextlib.ExitStack() as runs:
+        assert all(runs.enter_context(held_claim(store, r.id, ttl_s=1.5)) for r in rows)
+        assert threading.active_count() <= before + 1, "one renewing thread, not one a run"
+        deadline = time.monotonic() + 4.5
+        while time.monotonic() < deadline:  # three claim lifetimes
+            assert store.expired_claims(datetime.now(UTC)) == []
+            time.sleep(0.1)
+    # Released: nothing renews the claims any more, so they lapse within one lifetime.
+    deadline = time.monotonic() + 30
+    while len(store.expired_claims(datetime.now(UTC))) < len(rows):
+        assert time.monotonic() < deadline, "a released claim is still renewed"
+        time.sleep(0.1)
 
 
 class _Flaky:
