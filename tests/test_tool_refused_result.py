@@ -12,11 +12,13 @@ from collections.abc import Sequence
 import pytest
 
 from dormant import Agent, tool
+from dormant.agents import AgentRegistry
 from dormant.errors import CallAnswered, MessageRejected, SubscriptionCancelled, ThreadClosed
-from dormant.messages import Item
+from dormant.messages import Item, ToolResult
 from dormant.models import ScriptedModel, reply
 from dormant.models.base import Completion
 from dormant.models.scripted import call
+from dormant.tools.outcomes import Raised
 from dormant.tools.runner import execute_outbox
 from tests.harness import Harness
 
@@ -62,3 +64,18 @@ def test_a_result_refused_for_good_marks_the_row_ran(
     monkeypatch.setattr(h.store, "mark_ran", lambda ids: (ran.extend(ids), mark_ran(ids))[1])
     execute_outbox(row, h.store, h.deps.agents, _Refusing(h, refusal), h.callback_url)
     assert ran == [row.id]
+
+
+def test_a_tool_whose_agent_this_worker_lacks_answers_its_call_with_why() -> None:
+    """A tool task on a worker deployed without the thread's agent marks its row ran (no
+    other worker would be sent it): the call still gets its one result."""
+    h = Harness(Agent("a", model=ScriptedModel(_script), tools=[add]))
+    thread_id = h.launch("a", "add them")
+    h.step(thread_id)
+    (row,) = h.outbox
+    outcome = execute_outbox(row, h.store, AgentRegistry(), h, h.callback_url)
+    assert outcome == Raised("unknown agent 'a'; registered: none in this worker")
+    h.settle(thread_id)
+    result = h.history(thread_id)[-2]
+    assert isinstance(result, ToolResult) and result.is_error
+    assert result.content == "Error: unknown agent 'a'; registered: none in this worker"

@@ -22,6 +22,7 @@ from dormant.errors import (
     NotFound,
     SubscriptionCancelled,
     ThreadClosed,
+    UnknownAgent,
 )
 from dormant.stores.base import CallState, OutboxRow, QueryStore
 from dormant.stores.outages import unreachable_server
@@ -217,13 +218,20 @@ def _run(
 ) -> ToolOutcome:
     thread = store.thread(row.thread_id)
     call = store.call(row.thread_id, row.call_id)
-    tool = agents.get_agent(thread.agent).tool(call.name)
+    try:
+        tool = agents.get_agent(thread.agent).tool(call.name)
+    except UnknownAgent as error:
+        # A worker deployed without the thread's agent: the row is marked ran either way,
+        # so the call must get its one result here, or it would wait for ever.
+        tool, missing = None, f"{error} in this worker"
+    else:
+        missing = f"tool {call.name!r} is not installed"
     ctx = ToolContext(row.thread_id, row.call_id, callback_url(row.thread_id, row.call_id), sink)
     if tool is None:
-        sink.tool_result(
-            row.thread_id, row.call_id, f"Error: tool {call.name!r} is not installed", is_error=True
-        )
-        return Raised(f"tool {call.name!r} is not installed")
+        if row.action == "cancel":
+            return CancelHookRan(False, None)  # nothing left to cancel, nobody to answer
+        sink.tool_result(row.thread_id, row.call_id, f"Error: {missing}", is_error=True)
+        return Raised(missing)
     if row.action == "cancel":
         return CancelHookRan(tool.on_cancel is not None, _cancel(tool.on_cancel, ctx))
     if call.state is not CallState.PENDING:
