@@ -234,10 +234,17 @@ class LocalSystem(BaseClient):
         sweeper sent again, here or from another process on the same database, finds the
         row claimed or ran and does nothing; a run this process died in is sent again
         once its claim lapses."""
-        with held_claim(self.store, row.id, self.settings.tool_claim_ttl_s) as claimed:
-            if claimed:
+        with held_claim(self.store, row.id, self.settings.tool_claim_ttl_s) as run:
+            if run:
                 execute_outbox(
-                    row, self.store, self.deps.agents, self, self.callback_url, self.deps.crash
+                    row,
+                    self.store,
+                    self.deps.agents,
+                    self,
+                    self.callback_url,
+                    self.deps.crash,
+                    run=run,
+                    max_runs=self.settings.tool_max_runs,
                 )
 
     def _submit(self, fn: Callable[..., None], arg: object, priority: int) -> None:

@@ -29,6 +29,7 @@ ENV_NAMES = {
     "outbox_grace_s": "DORMANT_OUTBOX_GRACE_S",
     "visibility_timeout_s": "DORMANT_VISIBILITY_TIMEOUT_S",
     "tool_claim_ttl_s": "DORMANT_TOOL_CLAIM_TTL_S",
+    "tool_max_runs": "DORMANT_TOOL_MAX_RUNS",
     "tool_start_timeout_s": "DORMANT_TOOL_START_TIMEOUT_S",
     "hand_in_timeout_s": "DORMANT_HAND_IN_TIMEOUT_S",
     "broker_key_prefix": "DORMANT_BROKER_KEY_PREFIX",
@@ -121,6 +122,10 @@ class Settings:
     """A running tool task renews its outbox row's claim in SQL every third of this; a
     claim not renewed this long means the run died (a killed worker), and the sweeper sends
     the row again: lost tool work never waits for the broker's visibility timeout."""
+    tool_max_runs: int = 3
+    """How many runs of one tool call may die (their worker killed, their claim lapsed)
+    before the next run answers the call with an error instead of starting the tool again:
+    a tool that kills its worker every time must not be re-run for ever."""
     tool_start_timeout_s: float = 300.0
     """A tool task sent this long ago that no worker has started was lost by the broker (a
     flushed or restarted Redis): the sweeper sends it again. A copy still queued behind a
@@ -154,6 +159,8 @@ class Settings:
             raise ConfigurationError("lease_ttl_s and sweep_interval_s must be positive")
         if self.tool_claim_ttl_s <= 0 or self.tool_start_timeout_s <= 0:
             raise ConfigurationError("tool_claim_ttl_s and tool_start_timeout_s must be positive")
+        if self.tool_max_runs < 1:
+            raise ConfigurationError("tool_max_runs must be at least 1")
         if self.max_message_bytes < 1024:
             raise ConfigurationError("max_message_bytes must be at least 1024")
 

@@ -270,8 +270,8 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
         rt = runtime()
         row = OutboxRow(outbox_id, thread_id, call_id, action, datetime.now(UTC))
         # The claim's heartbeat, not the broker, tells the sweeper this run is alive.
-        with held_claim(rt.store, outbox_id, rt.settings.tool_claim_ttl_s) as claimed:
-            if not claimed:
+        with held_claim(rt.store, outbox_id, rt.settings.tool_claim_ttl_s) as run:
+            if not run:
                 return "skipped: the row ran or another run holds it"
             try:
                 client = rt.client
@@ -283,6 +283,8 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                     client.callback_url,
                     rt.deps.crash,
                     hand_in_timeout_s=rt.settings.hand_in_timeout_s,
+                    run=run,
+                    max_runs=rt.settings.tool_max_runs,
                 )
             except CrashPoint as crash:
                 _die(crash.name)

@@ -45,10 +45,10 @@ def _row(store: Store) -> OutboxRow:
 def test_a_claimed_row_cannot_be_claimed_again_until_its_claim_lapses(store: Store) -> None:
     row = _row(store)
     now = datetime.now(UTC)
-    assert store.claim_outbox(row.id, now + HOUR)
-    assert not store.claim_outbox(row.id, now + HOUR), "a live run holds it"
+    assert store.claim_outbox(row.id, now + HOUR) == 1, "the first run"
+    assert store.claim_outbox(row.id, now + HOUR) == 0, "a live run holds it"
     assert store.renew_outbox_claim(row.id, now - timedelta(seconds=1))  # the run stops beating
-    assert store.claim_outbox(row.id, now + HOUR), "a lapsed claim is free"
+    assert store.claim_outbox(row.id, now + HOUR) == 2, "a lapsed claim is free: run 2"
     store.mark_ran([row.id])
     assert not store.claim_outbox(row.id, now + 2 * HOUR), "a row that ran is never run again"
     assert not store.renew_outbox_claim(row.id, now + HOUR)

@@ -79,3 +79,24 @@ def test_a_tool_whose_agent_this_worker_lacks_answers_its_call_with_why() -> Non
     result = h.history(thread_id)[-2]
     assert isinstance(result, ToolResult) and result.is_error
     assert result.content == "Error: unknown agent 'a'; registered: none in this worker"
+
+
+def test_a_run_after_max_runs_died_answers_the_call_without_starting_the_tool() -> None:
+    ran: list[int] = []
+
+    @tool(name="add")
+    def counting_add(a: int, b: int) -> int:
+        """Add two numbers."""
+        ran.append(a + b)
+        return a + b
+
+    h = Harness(Agent("a", model=ScriptedModel(_script), tools=[counting_add]))
+    thread_id = h.launch("a", "add them")
+    h.step(thread_id)
+    (row,) = h.outbox
+    outcome = execute_outbox(row, h.store, h.deps.agents, h, h.callback_url, run=3, max_runs=2)
+    assert ran == [], "the tool that killed two workers is not started a third time"
+    assert outcome == Raised("2 runs died before finishing (each lost its worker); not run again")
+    h.settle(thread_id)
+    result = h.history(thread_id)[-2]
+    assert isinstance(result, ToolResult) and result.is_error

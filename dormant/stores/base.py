@@ -154,6 +154,8 @@ class OutboxRow:
     """When a worker ran it; a row dispatched long ago that never ran was lost by the broker."""
     claimed_until: datetime | None = None
     """The running task's heartbeat: while it is in the future a live run holds the row."""
+    runs: int = 0
+    """Runs started (claims taken); all but a live last one died."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -389,9 +391,9 @@ class SweepStore(Protocol):
         """A worker ran these rows: they are never dispatched again."""
         ...
 
-    def claim_outbox(self, outbox_id: int, until: datetime) -> bool:
-        """A tool task starts the row, held until ``until``; False if the row ran or a live
-        run holds it."""
+    def claim_outbox(self, outbox_id: int, until: datetime) -> int:
+        """A tool task starts the row, held until ``until``: the run's number (1 for the
+        first), or 0 if the row ran or a live run holds it."""
         ...
 
     def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:

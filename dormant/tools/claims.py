@@ -32,7 +32,7 @@ log = logging.getLogger("dormant.tools")
 
 
 class ClaimStore(Protocol):
-    def claim_outbox(self, outbox_id: int, until: datetime) -> bool: ...
+    def claim_outbox(self, outbox_id: int, until: datetime) -> int: ...
 
     def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool: ...
 
@@ -117,16 +117,18 @@ os.register_at_fork(after_in_child=_after_fork)
 
 
 @contextmanager
-def held_claim(store: ClaimStore, outbox_id: int, ttl_s: float) -> Iterator[bool]:
-    """Claim the row and keep the claim alive for the block; yields False (and holds
-    nothing) when the row ran already or another live run holds it."""
-    if not store.claim_outbox(outbox_id, _until(ttl_s)):
-        yield False
+def held_claim(store: ClaimStore, outbox_id: int, ttl_s: float) -> Iterator[int]:
+    """Claim the row and keep the claim alive for the block; yields the run's number (1
+    for the first: each earlier run died), or 0, holding nothing, when the row ran already
+    or another live run holds it."""
+    run = store.claim_outbox(outbox_id, _until(ttl_s))
+    if not run:
+        yield 0
         return
     claim = _Claim(store, outbox_id, ttl_s)
     renewer = _renewer
     renewer.hold(claim)
     try:
-        yield True
+        yield run
     finally:
         renewer.release(claim)

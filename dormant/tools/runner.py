@@ -93,8 +93,14 @@ def execute_outbox(
     crash: Callable[[str], None] = lambda _point: None,
     *,
     hand_in_timeout_s: float = 0.0,
+    run: int = 1,
+    max_runs: int = 3,
 ) -> ToolOutcome:
     """Run ``row``; every failure of the tool becomes an "Error: ..." result (never a hang).
+
+    ``run`` is this run's number (``held_claim``): each earlier run died with its worker.
+    Once ``max_runs`` died, the call is answered with why instead of starting the tool
+    again, which would kill this worker too.
 
     The row is marked ran once the work is done or found unnecessary, so the sweeper
     re-dispatches only rows whose task the broker lost before any worker ran it. The
@@ -102,7 +108,10 @@ def execute_outbox(
     Returns what the run did (Flower shows it).
     """
     retrying = _RetryingSink(sink, hand_in_timeout_s)
-    outcome = _run(row, store, agents, retrying, callback_url, crash)
+    if run > max_runs:
+        outcome = _give_up(row, store, retrying, run - 1)
+    else:
+        outcome = _run(row, store, agents, retrying, callback_url, crash)
     hand_in(f"outbox row {row.id}", lambda: store.mark_ran([row.id]), hand_in_timeout_s)
     return outcome if retrying.refused is None else Refused(retrying.refused)
 
@@ -255,6 +264,18 @@ def _run(
         sink.tool_result(row.thread_id, row.call_id, as_text(value))
         return Answered()
     return Answered() if sink.answered else Started()
+
+
+def _give_up(row: OutboxRow, store: RunnerStore, sink: _RetryingSink, died: int) -> ToolOutcome:
+    """Answer the call of a row whose every run died, without running it again."""
+    why = f"{died} runs died before finishing (each lost its worker); not run again"
+    log.error("outbox row %d (call %s of thread %s): %s", row.id, row.call_id, row.thread_id, why)
+    if row.action == "cancel":
+        return CancelHookRan(True, why)
+    if store.call(row.thread_id, row.call_id).state is not CallState.PENDING:
+        return AlreadyAnswered()
+    sink.tool_result(row.thread_id, row.call_id, f"Error: the tool's {why}", is_error=True)
+    return Raised(why)
 
 
 def _cancel(hook: Callable[[ToolContext], None] | None, ctx: ToolContext) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 from conftest import REDIS_URL, Deployment, wait_until
 
@@ -85,3 +86,40 @@ def test_a_tool_run_killed_with_its_worker_is_resent_within_the_claim_ttl(
     )
     results = [i for i in client.history(thread_id) if isinstance(i, ToolResult)]
     assert [r.content for r in results] == ["5"]
+
+
+def test_a_tool_that_kills_every_worker_it_runs_on_is_answered_after_its_last_run(
+    deploy: Callable[..., Deployment],
+) -> None:
+    """Not re-run for ever: once ``tool_max_runs`` runs died, the next one answers the
+    call with why, and the thread goes on."""
+    d = deploy(
+        DORMANT_TOOL_CLAIM_TTL_S="2",
+        DORMANT_OUTBOX_GRACE_S="1",
+        DORMANT_LEASE_TTL_S="3",
+        DORMANT_TOOL_MAX_RUNS="2",
+    )
+    d.start_beat()
+    client = d.client()
+    thread_id = client.launch("calc", "go")
+    for name in ("doomed1", "doomed2"):  # each run kills the worker it runs on
+        doomed = d.start_worker(name, env={"DORMANT_CRASH_POINTS": "in_tool"})
+        d.expected_deaths.add(name)
+        wait_until(lambda w=doomed: not w.alive(), 60, f"{name} to die in the tool")
+        assert doomed.popen.returncode == -signal.SIGKILL, doomed.log()
+    last = d.start_worker("last", env={"DORMANT_CRASH_POINTS": "in_tool"})
+    d.wait_ready(last)
+    wait_until(
+        lambda: len(client.history(thread_id)) == 4,  # user, call, result, answer
+        45,
+        "the third run to answer the call instead of running the tool",
+        check=d.check_alive,
+        poll_s=0.2,
+    )
+    (result,) = [i for i in client.history(thread_id) if isinstance(i, ToolResult)]
+    assert result.is_error
+    assert result.content == (
+        "Error: the tool's 2 runs died before finishing (each lost its worker); not run again"
+    )
+    assert last.alive(), last.log()
+    assert client.store.undispatched(datetime.now(UTC) + timedelta(hours=1)) == []

@@ -335,14 +335,14 @@ class MemoryStore(MemoryClosing, MemoryRetention):
             rows = [r for r in self._outbox.values() if stranded(r)]
         return sorted(rows, key=lambda r: r.id)[:limit]
 
-    def claim_outbox(self, outbox_id: int, until: datetime) -> bool:
+    def claim_outbox(self, outbox_id: int, until: datetime) -> int:
         with self._lock:
             row = self._outbox.get(outbox_id)
             live = row is not None and row.claimed_until is not None
             if row is None or (live and row.claimed_until >= datetime.now(UTC)):  # type: ignore[operator]
-                return False
-            self._outbox[outbox_id] = replace(row, claimed_until=until)
-            return True
+                return 0
+            self._outbox[outbox_id] = replace(row, claimed_until=until, runs=row.runs + 1)
+            return row.runs + 1
 
     def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
         with self._lock:

@@ -66,18 +66,19 @@ class SQLClaims:
             return [outbox_row(r) for r in conn.execute(query).mappings()]
 
     @retry_busy
-    def claim_outbox(self, outbox_id: int, until: datetime) -> bool:
-        """Start a run of the row, held until ``until``: False if it ran already or a live
-        run holds it (a duplicate task then does nothing)."""
+    def claim_outbox(self, outbox_id: int, until: datetime) -> int:
+        """Start a run of the row, held until ``until``: the run's number, or 0 if it ran
+        already or a live run holds it (a duplicate task then does nothing)."""
         outbox = self._schema.outbox
         free = or_(outbox.c.claimed_until.is_(None), outbox.c.claimed_until < _now())
         with self._tx(write=True) as conn:
-            claimed = conn.execute(
+            run = conn.execute(
                 update(outbox)
                 .where(outbox.c.id == outbox_id, outbox.c.ran_at.is_(None), free)
-                .values(claimed_until=as_utc(until))
-            )
-            return claimed.rowcount == 1
+                .values(claimed_until=as_utc(until), runs=outbox.c.runs + 1)
+                .returning(outbox.c.runs)
+            ).scalar()
+            return run or 0
 
     @retry_busy
     def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:

@@ -202,6 +202,7 @@ def outbox_row(row: Row) -> OutboxRow:
         dispatched_at=row["dispatched_at"],
         ran_at=row["ran_at"],
         claimed_until=row["claimed_until"],
+        runs=row["runs"],
     )
 
 

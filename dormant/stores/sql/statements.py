@@ -151,7 +151,9 @@ def insert_outbox(
         return []
     stmt = prepared(conn).insert_outbox
     found = [
-        run(conn, stmt, {"thread_id": t, "call_id": c, "action": a, "created_at": now}).one()
+        run(
+            conn, stmt, {"thread_id": t, "call_id": c, "action": a, "created_at": now, "runs": 0}
+        ).one()
         for t, c, a in entries
     ]
     return sorted((outbox_row(r) for r in found), key=lambda row: row.id)

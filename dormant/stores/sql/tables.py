@@ -173,6 +173,8 @@ class OutboxColumns(SQLModel):
     claimed_until: datetime | None = Field(default=None, sa_type=UTCDateTime)
     """Set by the run that started the row and renewed while it runs (its heartbeat): a
     run whose claim lapsed died, and the sweeper sends the row again."""
+    runs: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    """Claims taken on the row: the runs started, the last of which may still be live."""
 
 
 class TimerColumns(SQLModel):
