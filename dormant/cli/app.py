@@ -25,7 +25,7 @@ from dormant.cli.connect import (
     open_store,
     redact,
 )
-from dormant.cli.errors import DEBUG_FLAG, reported, say
+from dormant.cli.errors import DEBUG_FLAG, PROG, reported, say
 from dormant.cli.retention import prune, quarantine, retry
 from dormant.cli.serve import serve
 from dormant.cli.workers import beat, worker
@@ -284,6 +284,7 @@ def run_hosted(args: Sequence[str], *, prog_name: str, settings: Callable[[], Se
     """Run one ``dormant`` command (``args`` as typed after ``dormant``) with the settings
     the host framework supplies; its exit code. Behind ``python manage.py dormant`` and
     ``flask dormant``, so a project's commands reach the database its web processes use."""
+    typed = PROG.set(prog_name)
     with hosted_settings(settings):
         try:
             app(args=list(args), prog_name=prog_name)
@@ -293,6 +294,8 @@ def run_hosted(args: Sequence[str], *, prog_name: str, settings: Callable[[], Se
                 return code or 0
             typer.echo(code, err=True)
             return 1
+        finally:
+            PROG.reset(typed)
     return 0
 
 

@@ -39,6 +39,7 @@ __all__ = [
     "DEBUG_FLAG",
     "EXIT_REFUSED",
     "EXIT_UNAVAILABLE",
+    "PROG",
     "debugging",
     "exit_code",
     "explain",
@@ -49,11 +50,19 @@ __all__ = [
 EXIT_REFUSED = 1
 EXIT_UNAVAILABLE = 3
 
+PROG: ContextVar[str] = ContextVar("dormant_prog", default="dormant")
+"""How the command was typed: ``python manage.py dormant`` or ``flask dormant`` when a host
+framework runs it (``run_hosted``), so the hints in messages name a command that works."""
+
 F = TypeVar("F", bound=Callable[..., None])
 
 
 def say(line: str) -> None:
-    """One line for a person, on stderr (stdout carries only ids and JSON)."""
+    """One line for a person, on stderr (stdout carries only ids and JSON); a command it
+    names (`` `dormant db upgrade` ``) is spelled as this one was typed."""
+    prog = PROG.get()
+    if prog != "dormant":
+        line = line.replace("`dormant ", f"`{prog} ").replace("(dormant --", f"({prog} --")
     typer.echo(line, err=True)
 
 

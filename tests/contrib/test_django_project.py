@@ -17,6 +17,7 @@ pytest.importorskip("django")
 pytestmark = pytest.mark.timeout(600)  # each command starts Django on a busy machine
 
 EXAMPLE = ROOT / "examples" / "django_app"
+SETTINGS = "proj.settings"
 
 
 def _example(database: str) -> Project:
@@ -37,16 +38,21 @@ def test_manage_py_test_on_postgres_drops_its_test_database() -> None:
 def test_manage_py_dormant_runs_dormant_commands_on_the_projects_database() -> None:
     with postgres_database("dormant_django_cli") as name:
         project = _example(name)
-        project.run(sys.executable, "manage.py", "migrate")
         manage = (sys.executable, "manage.py", "dormant")
+        missing = project.run(*manage, "threads", expect=3)
+        assert "`python manage.py dormant db upgrade`" in missing, missing  # as typed here
+        project.run(sys.executable, "manage.py", "migrate")
         assert "no threads" in project.run(*manage, "threads")
+        # Django's own option, applied by manage.py itself, is not passed on to dormant.
+        assert "no threads" in project.run(*manage, "--settings", SETTINGS, "threads")
+        assert "no threads" in project.run(*manage, "threads", f"--settings={SETTINGS}")
         upgraded = project.run(*manage, "db", "upgrade")
         assert f"schema of postgresql://postgres@127.0.0.1:5432/{name} is up to date" in upgraded
         refused = project.run(*manage, "launch", "suport", "hello", expect=1)
         assert "suport" in refused and "support" in refused  # DORMANT["AGENTS"] is read
         worker = project.run(*manage, "worker", expect=3)
         assert "celery -A <your Celery app> worker" in worker
-        assert "Usage: manage.py dormant" in project.run(*manage, "--help")
+        assert "Usage: python manage.py dormant" in project.run(*manage, "--help")
 
 
 def test_a_new_project_built_from_django_md_migrates_tests_and_runs_dormant(

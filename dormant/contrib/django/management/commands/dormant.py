@@ -29,9 +29,10 @@ class Command(BaseCommand):  # type: ignore[misc]
         """Django's own option parsing would take ``--help`` and ``--json``: skip it."""
         from django.db import connections
 
-        prog_name = f"{os.path.basename(argv[0])} {argv[1]}"
+        script = os.path.basename(argv[0])
+        prog_name = f"{'python ' if script.endswith('.py') else ''}{script} {argv[1]}"
         try:
-            code = _run(argv[2:], prog_name)
+            code = _run(_without_django_options(argv[2:]), prog_name)
         finally:
             connections.close_all()
         if code:
@@ -42,6 +43,25 @@ class Command(BaseCommand):  # type: ignore[misc]
         code = _run(list(args), "manage.py dormant")
         if code:
             raise CommandError(f"dormant {' '.join(args)} exited {code}", returncode=code)
+
+
+_DJANGO_OPTIONS = ("--settings", "--pythonpath")
+"""Options ``manage.py`` itself applied before it ran this command (Django's
+``ManagementUtility`` reads them anywhere on the line); not ``dormant``'s."""
+
+
+def _without_django_options(args: list[str]) -> list[str]:
+    """``args`` without ``--settings X``/``--settings=X`` (and ``--pythonpath``)."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in _DJANGO_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{option}=" for option in _DJANGO_OPTIONS)):
+            kept.append(arg)
+    return kept
 
 
 def _run(args: list[str], prog_name: str) -> int:
