@@ -3,6 +3,9 @@ Flask's ``app.config`` become dormant's ``Settings``, parsed as the variables ar
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
 import pytest
 from celery import Celery
 
@@ -10,6 +13,7 @@ from dormant.contrib._settings import redis_url_of, settings_from
 from dormant.contrib.django import database_url
 from dormant.contrib.flask import settings_from_config
 from dormant.errors import ConfigurationError
+from dormant.stores.sql import SQLStore, upgrade
 
 
 def test_a_django_postgresql_database_becomes_a_sqlalchemy_url() -> None:
@@ -64,3 +68,26 @@ def test_flask_config_supplies_the_database_and_the_celery_broker_supplies_redis
     amqp = Celery("shop", set_as_current=False, broker="amqp://guest@rabbit//")
     assert settings_from_config(config, amqp).redis_url == "redis://127.0.0.1:6379/0"
     assert redis_url_of("amqp://guest@rabbit//") is None
+
+
+def test_djangos_in_memory_test_database_is_shared_not_a_stray_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``manage.py test`` on SQLite names its database ``file:memorydb_default?mode=memory
+    &cache=shared``: dormant opens that same in-memory database, never a file so named."""
+    monkeypatch.chdir(tmp_path)
+    name = "file:memorydb_default?mode=memory&cache=shared"
+    url = database_url({"ENGINE": "django.db.backends.sqlite3", "NAME": name})
+    django_side = sqlite3.connect(name, uri=True)  # Django's test connection keeps it alive
+    try:
+        upgrade(url)
+        store = SQLStore(url)
+        try:
+            assert store.threads() == []
+        finally:
+            store.close()
+        tables = {r[0] for r in django_side.execute("SELECT name FROM sqlite_master")}
+        assert "threads" in tables, tables
+    finally:
+        django_side.close()
+    assert list(tmp_path.iterdir()) == []

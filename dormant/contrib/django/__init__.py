@@ -63,6 +63,8 @@ def database_url(database: dict[str, Any]) -> str:
     engine = str(database.get("ENGINE", ""))
     name = str(database.get("NAME") or "")
     if engine.endswith(".sqlite3"):
+        if name.startswith("file:"):  # a URI filename: the test runner's in-memory database
+            return f"sqlite:///{name}{'&' if '?' in name else '?'}uri=true"
         return f"sqlite:///{name}"
     if engine.endswith((".postgresql", ".postgis")):
         port = database.get("PORT")

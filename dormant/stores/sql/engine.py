@@ -101,7 +101,11 @@ def _postgres_engine(url: URL, echo: bool) -> Engine:
 
 
 def is_memory(url: URL) -> bool:
-    return url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+    """An in-memory SQLite database: ``:memory:``, or a URI filename with ``mode=memory``
+    (Django's test database)."""
+    return url.get_backend_name() == "sqlite" and (
+        url.database in (None, "", ":memory:") or url.query.get("mode") == "memory"
+    )
 
 
 def _sqlite_engine(url: URL, echo: bool) -> Engine:
