@@ -290,7 +290,12 @@ def test_with_the_database_unreachable_webhooks_and_callbacks_get_a_json_503() -
                         assert (called.status_code, called.json()) == (503, unavailable)
                         called = httpx.post(direct, json=event, timeout=30.0)
                         assert (called.status_code, called.json()) == (503, unavailable)
-                        assert httpx.get(f"{base}/readyz", timeout=30.0).status_code == 503
+                        ready = httpx.get(f"{base}/readyz", timeout=30.0)
+                        assert ready.status_code == 503
+                        assert ready.json() == {
+                            "status": "unavailable",
+                            "error": "the database does not answer (OperationalError)",
+                        }, "no host, database name or statement for anyone who asks"
 
                     deadline = time.monotonic() + 60.0
                     retried = github_post(hook, body, "outage-1")

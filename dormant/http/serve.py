@@ -99,10 +99,14 @@ def _encoded_path(scope: Scope) -> str:
 
 
 def _ready(client: BaseClient) -> WebhookReply:
+    """Anyone who can reach the port may ask: the answer names the failure's kind only;
+    the driver's text (hosts, database names, the statement) goes to the log."""
     try:
         client.store.threads(None, 1)
-    except Exception as error:  # any database failure means "not ready", with its reason
-        return WebhookReply(503, {"status": "unavailable", "error": str(error)})
+    except Exception as error:  # any database failure means "not ready"
+        log.warning("readyz: the database does not answer: %s", error)
+        reason = f"the database does not answer ({type(error).__name__})"
+        return WebhookReply(503, {"status": "unavailable", "error": reason})
     return WebhookReply(200, {"status": "ready"})
 
 
