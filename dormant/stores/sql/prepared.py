@@ -92,6 +92,30 @@ class Prepared:
             .where(guard)
             .values({**advance, "usage": bindparam("b_usage", type_=threads.c.usage.type)})
         )
+        # A slice that called its model: its counters, the root's tree totals (by the
+        # thread's root_id, its own row for a root: an increment, so concurrent commits in
+        # one tree never lose each other's), and a ledger row.
+        self.advance_thread_spend: Update = (
+            update(threads)
+            .where(guard)
+            .values(
+                {
+                    **advance,
+                    "usage": bindparam("b_usage", type_=threads.c.usage.type),
+                    "message_completions": bindparam("b_message_completions"),
+                }
+            )
+        )
+        root = select(threads.c.root_id).where(threads.c.id == bindparam("thread_id"))
+        self.add_tree_spend: Update = (
+            update(threads)
+            .where(threads.c.id == root.scalar_subquery())
+            .values(
+                tree_tokens=threads.c.tree_tokens + bindparam("b_tokens"),
+                tree_cost_nanos=threads.c.tree_cost_nanos + bindparam("b_cost_nanos"),
+            )
+        )
+        self.insert_ledger: Insert = t.ledger.insert()
         self.known_threads: Select[Any] = select(threads.c.id).where(
             threads.c.id.in_(bindparam("ids", expanding=True))
         )

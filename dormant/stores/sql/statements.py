@@ -29,6 +29,7 @@ from dormant.stores.base import (
     NewThread,
     NewTimer,
     OutboxRow,
+    Spend,
     StoredItem,
     ThreadInfo,
     ThreadStatus,
@@ -50,10 +51,12 @@ from dormant.stores.sql.rows import (
     thread_info,
     thread_values,
     timer_values,
+    to_nanos,
 )
 
 __all__ = [
     "ConnectionReader",
+    "add_spend",
     "advance_thread",
     "cancel_timers",
     "check_inbound",
@@ -246,8 +249,14 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
     if commit.usage is not None:
         params["b_usage"] = commit.usage.model_dump(mode="json")
         stmt = ready.advance_thread_usage
+    spend = commit.spend
+    if spend is not None:
+        params["b_message_completions"] = commit.message_completions or 0
+        stmt = ready.advance_thread_spend
     if run(conn, stmt, params).rowcount != 1:
         return False
+    if spend is not None:
+        add_spend(conn, commit.thread_id, spend, now)
     if commit.closed_reason:  # rare (a close from outside): its own statement
         threads = tables(conn).threads
         conn.execute(
@@ -256,6 +265,24 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
             .values(closed_reason=commit.closed_reason)
         )
     return True
+
+
+def add_spend(conn: Connection, thread_id: str, spend: Spend, now: datetime) -> None:
+    """A ledger row for the slice, and its tokens and cost on its root's tree totals."""
+    ready = prepared(conn)
+    cost_nanos = to_nanos(spend.cost)
+    totals = {"thread_id": thread_id, "b_tokens": spend.tokens, "b_cost_nanos": cost_nanos}
+    run(conn, ready.add_tree_spend, totals)
+    row = {
+        "thread_id": thread_id,
+        "at": now,
+        "completions": spend.completions,
+        "input_tokens": spend.input_tokens,
+        "output_tokens": spend.output_tokens,
+        "cached_tokens": spend.cached_tokens,
+        "cost_nanos": cost_nanos,
+    }
+    run(conn, ready.insert_ledger, row)
 
 
 # Lineage: inheritance and closing a subtree ------------------------------------------

@@ -47,6 +47,7 @@ __all__ = [
     "CallColumns",
     "InboxColumns",
     "ItemColumns",
+    "LedgerColumns",
     "OutboxColumns",
     "PrunedIdColumns",
     "Schema",
@@ -121,6 +122,11 @@ class ThreadColumns(SQLModel):
     usage: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     created_at: datetime = Field(sa_type=UTCDateTime)
     updated_at: datetime = Field(sa_type=UTCDateTime)
+    tree_tokens: int = Field(default=0, sa_type=BigInteger)
+    """On a root: its whole tree's tokens, added to by each commit in the tree."""
+    tree_cost_nanos: int = Field(default=0, sa_type=BigInteger)
+    """Costs are kept in billionths (exact sums; a completion costs fractions of a cent)."""
+    message_completions: int = Field(default=0, sa_type=Integer)
 
 
 class ItemColumns(SQLModel):
@@ -196,6 +202,19 @@ class PrunedIdColumns(SQLModel):
     digest: bytes = Field(sa_type=LargeBinary)
 
 
+class LedgerColumns(SQLModel):
+    """What one committed slice's model calls used: ``dormant usage`` sums these rows."""
+
+    id: int | None = Field(default=None, sa_type=BigId, primary_key=True)
+    thread_id: str = Field(sa_type=String)
+    at: datetime = Field(sa_type=UTCDateTime)
+    completions: int = Field(default=0, sa_type=Integer)
+    input_tokens: int = Field(default=0, sa_type=BigInteger)
+    output_tokens: int = Field(default=0, sa_type=BigInteger)
+    cached_tokens: int = Field(default=0, sa_type=BigInteger)
+    cost_nanos: int = Field(default=0, sa_type=BigInteger)
+
+
 # The tables, per prefix ----------------------------------------------------------------
 
 
@@ -212,6 +231,7 @@ class Schema:
     outbox: Table
     timers: Table
     pruned_ids: Table
+    ledger: Table
 
 
 @functools.cache
@@ -289,6 +309,14 @@ def schema(prefix: str = "") -> Schema:
             "pruned_ids",
             PrimaryKeyConstraint("thread_id", "digest"),
             thread_fk(),
+        ),
+        ledger=table(
+            LedgerColumns,
+            "ledger",
+            thread_fk(),
+            Index(None, "thread_id"),
+            Index(None, "at"),
+            autoincrement,
         ),
     )
 
