@@ -265,3 +265,26 @@ def test_an_idle_agent_under_budget_runs_as_before() -> None:
     assert model.calls == 1
     assert h.store.usage(thread_id=t)["a"].completions == 1
     assert not isinstance(h.step(t), Waiting)
+
+
+def test_a_limit_met_inside_a_slice_commits_its_turns_then_stalls(store: Store) -> None:
+    """Calls answered inside the slice (a tool the agent lacks) ask the model again in the
+    same slice: the turns already made are kept, and counted, when the budget stops it."""
+    model = ScriptedModel(looping, name="gpt-4.1-mini")
+    agent = Agent("lacking", model=model, budget=Budget(max_completions_per_message=2))
+    h = harness(agent, store)
+    t = h.launch("lacking", "go")
+    stopped = h.step(t)
+    assert isinstance(stopped, Failed) and stopped.stalled
+    assert turns(h, t) == 2 and len(model.requests) == 2
+    info = h.store.thread(t)
+    assert info.status is ThreadStatus.STALLED
+    assert info.last_error.startswith("budget: max_completions_per_message 2/2")
+    assert h.store.usage(thread_id=t)["lacking"].completions == 2
+    assert not h.store.has_pending_after(t, 0)  # the launch message was applied
+
+    h.raise_budget(t, max_completions_per_message=3)
+    assert h.store.thread(t).status is ThreadStatus.IDLE
+    h.send(t, "once more")
+    assert isinstance(h.step(t), Failed)
+    assert turns(h, t) == 5

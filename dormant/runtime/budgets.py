@@ -4,7 +4,8 @@
 limit of the thread's budget is reached (``BudgetExceeded``: the slice then writes nothing
 and the thread stalls at once, see ``failures.py``); ``charge`` adds a completion's usage
 and cost; the slice commits ``spend`` (a ledger row, added to the root's tree totals) and
-``message_completions``.
+``message_completions``. A limit reached after the slice's first call stops it there:
+it commits the turns it made (their usage counted) and the thread stalls right after.
 
 The budget is the root's own (``launch(..., budget=...)``, ``raise_budget``) if it has
 one, else the agent's. ``max_tokens`` and ``max_cost`` count the whole tree, read from
@@ -51,6 +52,8 @@ class Meter:
     message_completions: int
     """The thread's own completions since its last user text, this slice's included."""
     spend: Spend = field(default_factory=Spend)
+    stopped: str = ""
+    """Why the slice stopped calling its model after a first call (``allows_another``)."""
 
     @classmethod
     def start(
@@ -74,6 +77,20 @@ class Meter:
             root.tree_cost,
             0 if fresh else thread.message_completions,
         )
+
+    def allows_another(self) -> bool:
+        """Whether the slice may call its model again. Before its first call a reached
+        limit raises ``BudgetExceeded`` (the slice writes nothing); after it, the slice
+        stops calling, commits what it made, then stalls the thread with ``stopped``."""
+        if not self.spend.completions:
+            self.check()
+            return True
+        try:
+            self.check()
+        except BudgetExceeded as error:
+            self.stopped = str(error)
+            return False
+        return True
 
     def check(self) -> None:
         """Raise ``BudgetExceeded`` if a limit is reached: no model call may be made."""

@@ -260,7 +260,10 @@ class _Slice:
                 self._converse(agent, snap, applied, turn)
             except SteeredAway:
                 return Steered(self.thread_id), self.seen
-        return self._commit(snap, applied, turn)
+        committed = self._commit(snap, applied, turn)
+        if turn.meter is not None and turn.meter.stopped and self.committed:
+            return self._failed(0, turn.meter.stopped, stall_after=1), committed[1]
+        return committed
 
     def _failed(self, failures: int, error: str, stall_after: int | None = None) -> Failed:
         return record_failed(self.deps, self.thread_id, failures, error, self.events, stall_after)
@@ -284,7 +287,8 @@ class _Slice:
         instructions = instructions_for(agent, snap.thread)
         for _ in range(deps.settings.max_rounds_per_slice):
             self._check_deadline()
-            meter.check()
+            if not meter.allows_another():
+                return
             request = ModelRequest(
                 self.thread_id,
                 instructions,
