@@ -115,7 +115,12 @@ class Prepared:
                 tree_cost_nanos=threads.c.tree_cost_nanos + bindparam("b_cost_nanos"),
             )
         )
-        self.insert_ledger: Insert = t.ledger.insert()
+        ledger = ins(t.ledger)
+        added = ("completions", "input_tokens", "output_tokens", "cached_tokens", "cost_nanos")
+        self.add_to_ledger: Insert = ledger.on_conflict_do_update(
+            index_elements=["thread_id", "at"],
+            set_={name: t.ledger.c[name] + ledger.excluded[name] for name in added},
+        )
         self.known_threads: Select[Any] = select(threads.c.id).where(
             threads.c.id.in_(bindparam("ids", expanding=True))
         )

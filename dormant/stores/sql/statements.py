@@ -268,21 +268,22 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
 
 
 def add_spend(conn: Connection, thread_id: str, spend: Spend, now: datetime) -> None:
-    """A ledger row for the slice, and its tokens and cost on its root's tree totals."""
+    """The slice's usage on its minute's ledger row, and its tokens and cost on its
+    root's tree totals."""
     ready = prepared(conn)
     cost_nanos = to_nanos(spend.cost)
     totals = {"thread_id": thread_id, "b_tokens": spend.tokens, "b_cost_nanos": cost_nanos}
     run(conn, ready.add_tree_spend, totals)
     row = {
         "thread_id": thread_id,
-        "at": now,
+        "at": now.replace(second=0, microsecond=0),
         "completions": spend.completions,
         "input_tokens": spend.input_tokens,
         "output_tokens": spend.output_tokens,
         "cached_tokens": spend.cached_tokens,
         "cost_nanos": cost_nanos,
     }
-    run(conn, ready.insert_ledger, row)
+    run(conn, ready.add_to_ledger, row)
 
 
 # Lineage: inheritance and closing a subtree ------------------------------------------

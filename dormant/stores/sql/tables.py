@@ -203,9 +203,9 @@ class PrunedIdColumns(SQLModel):
 
 
 class LedgerColumns(SQLModel):
-    """What one committed slice's model calls used: ``dormant usage`` sums these rows."""
+    """What a thread's model calls used in one minute (``at``, its start): each commit adds
+    its slice's usage to its minute's row; ``dormant usage`` sums these rows."""
 
-    id: int | None = Field(default=None, sa_type=BigId, primary_key=True)
     thread_id: str = Field(sa_type=String)
     at: datetime = Field(sa_type=UTCDateTime)
     completions: int = Field(default=0, sa_type=Integer)
@@ -313,10 +313,9 @@ def schema(prefix: str = "") -> Schema:
         ledger=table(
             LedgerColumns,
             "ledger",
+            PrimaryKeyConstraint("thread_id", "at"),
             thread_fk(),
-            Index(None, "thread_id"),
             Index(None, "at"),
-            autoincrement,
         ),
     )
 
