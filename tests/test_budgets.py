@@ -10,7 +10,15 @@ import pytest
 
 from dormant import Agent, Budget
 from dormant.errors import ConfigurationError
-from dormant.messages import AssistantTurn, Item, StatusChanged, ToolResult, Usage, UserText
+from dormant.messages import (
+    AssistantTurn,
+    EventShown,
+    Item,
+    StatusChanged,
+    ToolResult,
+    Usage,
+    UserText,
+)
 from dormant.models import ModelSettings, ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.models.prices import Price, cost_of
@@ -288,3 +296,33 @@ def test_a_limit_met_inside_a_slice_commits_its_turns_then_stalls(store: Store) 
     h.send(t, "once more")
     assert isinstance(h.step(t), Failed)
     assert turns(h, t) == 5
+
+
+@tool(subscription=True)
+def watch_prs(repo: str) -> str:
+    """Subscribe to pull requests."""
+    return f"watching {repo}"
+
+
+def test_an_event_threads_usage_counts_towards_the_subscribers_tree(store: Store) -> None:
+    def script(items: Sequence[Item]) -> Completion:
+        last = items[-1]
+        if isinstance(last, UserText):
+            return reply("", call("watch_prs", "w1", repo="r"))
+        if isinstance(last, EventShown):  # in the event thread
+            return Completion(text="seen", usage=Usage(input_tokens=5000, output_tokens=500))
+        return reply("watching")
+
+    model = ScriptedModel(script, name="claude-sonnet-4-5")
+    h = Harness(Agent("a", model=model, tools=[watch_prs]), store=store)
+    t = h.launch("a", "watch")
+    h.drain()
+    before = h.store.thread(t)
+    h.send_event(t, "w1", "PR #5", message_id="gh-5")
+    h.drain()
+    (event,) = h.store.children(t)
+    assert event.metadata["role"] == "event"
+    assert h.store.usage(thread_id=event.id)["a"].tokens == 5500
+    after = h.store.thread(t)
+    assert after.tree_tokens == before.tree_tokens + 5500
+    assert after.tree_cost == pytest.approx(before.tree_cost + (5000 * 3.0 + 500 * 15.0) / 1e6)
