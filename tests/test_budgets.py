@@ -326,3 +326,19 @@ def test_an_event_threads_usage_counts_towards_the_subscribers_tree(store: Store
     after = h.store.thread(t)
     assert after.tree_tokens == before.tree_tokens + 5500
     assert after.tree_cost == pytest.approx(before.tree_cost + (5000 * 3.0 + 500 * 15.0) / 1e6)
+
+
+def test_local_system_reports_a_budget_stop_and_raise_budget_resumes_it() -> None:
+    from dormant import LocalSystem
+    from dormant.errors import ThreadsFailed
+
+    agent = loop_agent(Budget(max_completions_per_message=4))
+    with LocalSystem([agent], database_url="memory://") as system:
+        t = system.launch("looper", "go")
+        with pytest.raises(ThreadsFailed, match="budget: max_completions_per_message 4/4"):
+            system.run_until_idle()
+        system.raise_budget(t, max_completions_per_message=6)
+        with pytest.raises(ThreadsFailed, match="budget: max_completions_per_message 6/6"):
+            system.run_until_idle()
+        # retry reset the count, and the raised cap allowed 6 more
+        assert sum(isinstance(i, AssistantTurn) for i in system.history(t)) == 10
