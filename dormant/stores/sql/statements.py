@@ -19,7 +19,7 @@ from dormant.errors import (
     UnknownCall,
     UnknownThread,
 )
-from dormant.messages import Inbound, UserMessage
+from dormant.messages import Inbound, Usage, UserMessage
 from dormant.stores.base import (
     CallRecord,
     CallState,
@@ -252,6 +252,7 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
     spend = commit.spend
     if spend is not None:
         params["b_message_completions"] = commit.message_completions or 0
+        params.setdefault("b_usage", (commit.usage or Usage()).model_dump(mode="json"))
         stmt = ready.advance_thread_spend
     if run(conn, stmt, params).rowcount != 1:
         return False
