@@ -110,7 +110,14 @@ class Meter:
         """Add one completion; a compaction ``summary`` is not a reply to the user's
         message, so it does not count towards the per-message cap."""
         cost = cost_of(usage, self.model.name, self.agent.price_table)
-        self.spend += Spend(1, usage.input_tokens, usage.output_tokens, usage.cached_tokens, cost)
+        spent = self.spend
+        self.spend = Spend(
+            spent.completions + 1,
+            spent.input_tokens + usage.input_tokens,
+            spent.output_tokens + usage.output_tokens,
+            spent.cached_tokens + usage.cached_tokens,
+            spent.cost + cost,
+        )
         if not summary:
             self.message_completions += 1
 

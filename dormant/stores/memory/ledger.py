@@ -36,9 +36,22 @@ class MemoryLedger:
             packed = self._entries[thread_id] = bytearray()
             self._agents[thread_id] = agent
         last = len(packed) - _ENTRY.size
-        if last >= 0 and _ENTRY.unpack_from(packed, last)[0] == minute:
-            spend = spend + _spend(_ENTRY.unpack_from(packed, last))
-            del packed[last:]
+        if last >= 0:
+            was, completions, input_tokens, output_tokens, cached, cost = _ENTRY.unpack_from(
+                packed, last
+            )
+            if was == minute:  # the same minute: add to its entry, in place
+                _ENTRY.pack_into(
+                    packed,
+                    last,
+                    minute,
+                    completions + spend.completions,
+                    input_tokens + spend.input_tokens,
+                    output_tokens + spend.output_tokens,
+                    cached + spend.cached_tokens,
+                    cost + spend.cost,
+                )
+                return
         packed += _ENTRY.pack(
             minute,
             spend.completions,
