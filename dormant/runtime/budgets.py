@@ -4,7 +4,7 @@
 limit of the thread's budget is reached (``BudgetExceeded``: the slice then writes nothing
 and the thread stalls at once, see ``failures.py``); ``charge`` adds a completion's usage
 and cost; the slice commits ``spend`` (a ledger row, added to the root's tree totals) and
-``message_completions``. A limit reached after the slice's first call stops it there:
+``message_completions``. A limit reached after the slice's first reply stops it there:
 it commits the turns it made (their usage counted) and the thread stalls right after.
 
 The budget is the root's own (``launch(..., budget=...)``, ``raise_budget``) if it has
@@ -52,6 +52,8 @@ class Meter:
     message_completions: int
     """The thread's own completions since its last user text, this slice's included."""
     spend: Spend = field(default_factory=Spend)
+    replies: int = 0
+    """This slice's completions other than compaction summaries."""
     stopped: str = ""
     """Why the slice stopped calling its model after a first call (``allows_another``)."""
 
@@ -79,10 +81,12 @@ class Meter:
         )
 
     def allows_another(self) -> bool:
-        """Whether the slice may call its model again. Before its first call a reached
-        limit raises ``BudgetExceeded`` (the slice writes nothing); after it, the slice
-        stops calling, commits what it made, then stalls the thread with ``stopped``."""
-        if not self.spend.completions:
+        """Whether the slice may call its model again for a reply. Before its first reply
+        a reached limit raises ``BudgetExceeded`` (the slice writes nothing, not even a
+        compaction's summary: the user's message must not be consumed without a reply);
+        after it, the slice stops calling, commits what it made, then stalls the thread
+        with ``stopped``."""
+        if not self.replies:
             self.check()
             return True
         try:
@@ -119,6 +123,7 @@ class Meter:
             spent.cost + cost,
         )
         if not summary:
+            self.replies += 1
             self.message_completions += 1
 
     def settings(self, settings: ModelSettings) -> ModelSettings:
