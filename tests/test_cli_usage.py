@@ -56,7 +56,7 @@ def test_usage_prints_a_table_per_agent_and_filters_by_agent_and_time(url: str) 
         "300",
         "30",
         "0",
-        "0.0002",  # 300 * 0.40 / 1e6 + 30 * 1.60 / 1e6 = 0.000168
+        "0.000168",  # 300 * 0.40 / 1e6 + 30 * 1.60 / 1e6
     ]
     assert any("quiet" in line for line in lines)
     assert any("total" in line for line in lines)

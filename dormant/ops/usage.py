@@ -49,7 +49,7 @@ def _cells(spend: Spend) -> list[str]:
         f"{spend.input_tokens:,}",
         f"{spend.output_tokens:,}",
         f"{spend.cached_tokens:,}",
-        f"{spend.cost:.4f}",
+        f"{spend.cost:.6f}",
     ]
 
 
@@ -65,11 +65,11 @@ def usage_line(store: QueryStore, info: ThreadInfo) -> Text:
     line = Text.assemble(
         ("usage ", "dim"),
         f"{spend.completions} completions, {spend.input_tokens:,} tokens in, "
-        f"{spend.output_tokens:,} out, {spend.cached_tokens:,} cached, cost {spend.cost:.4f}; "
+        f"{spend.output_tokens:,} out, {spend.cached_tokens:,} cached, cost {spend.cost:.6f}; "
         f"{info.message_completions} completions since the last user message",
     )
     if info.parent_id is None:
-        line.append(f"\ntree   {info.tree_tokens:,} tokens, cost {info.tree_cost:.4f}", "dim")
+        line.append(f"\ntree   {info.tree_tokens:,} tokens, cost {info.tree_cost:.6f}", "dim")
         own = info.metadata.get(BUDGET_KEY)
         budget = _limits(own) if own else "the agent's"
         line.append(f"; budget {budget}", "dim")
