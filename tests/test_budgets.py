@@ -251,6 +251,11 @@ def test_usage_since_counts_only_later_slices_and_filters_by_agent(store: Store)
 def test_a_budget_refuses_non_positive_limits() -> None:
     with pytest.raises(ConfigurationError):
         Budget(max_tokens=0)
+    h = harness(loop_agent())
+    t = h.launch("looper", "go")
+    with pytest.raises(ConfigurationError, match="max_cost must be positive"):
+        h.raise_budget(t, max_cost=-1.0)
+    assert "budget" not in h.store.thread(t).metadata  # nothing was stored
 
 
 class _Counting:

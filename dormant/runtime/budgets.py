@@ -55,7 +55,7 @@ class Meter:
     replies: int = 0
     """This slice's completions other than compaction summaries."""
     stopped: str = ""
-    """Why the slice stopped calling its model after a first call (``allows_another``)."""
+    """Why the slice stopped calling its model after a first reply (``allows_another``)."""
 
     @classmethod
     def start(
@@ -144,7 +144,7 @@ def raise_limits(store: Store, thread_id: str, limits: dict[str, float | None]) 
     root_id = thread.root_id or thread.id
     root = thread if root_id == thread.id else store.thread(root_id)
     given = {k: v for k, v in limits.items() if k in LIMITS and v is not None}
-    Budget(**given)  # type: ignore[arg-type]  # the checks of a budget's own (positive)
+    Budget().over(given)  # refuses what a budget refuses (a limit not positive)
     stored = {**(root.metadata.get(BUDGET_KEY) or {}), **given}
     store.set_metadata(root_id, {**root.metadata, BUDGET_KEY: stored})
     tree = [root]
