@@ -92,9 +92,11 @@ class Prepared:
             .where(guard)
             .values({**advance, "usage": bindparam("b_usage", type_=threads.c.usage.type)})
         )
-        # A slice that called its model: its counters, the root's tree totals (by the
-        # thread's root_id, its own row for a root: an increment, so concurrent commits in
-        # one tree never lose each other's), and a ledger row.
+        # A slice that called its model: its counters and, on a root, its tree totals, in
+        # the same statement (it returns the root's id: another thread's root gets an
+        # increment of its own, so concurrent commits in one tree never lose each other's);
+        # then its minute's ledger row.
+        is_root = threads.c.root_id == threads.c.id
         self.advance_thread_spend: Update = (
             update(threads)
             .where(guard)
@@ -103,13 +105,21 @@ class Prepared:
                     **advance,
                     "usage": bindparam("b_usage", type_=threads.c.usage.type),
                     "message_completions": bindparam("b_message_completions"),
+                    "tree_tokens": case(
+                        (is_root, threads.c.tree_tokens + bindparam("b_tokens")),
+                        else_=threads.c.tree_tokens,
+                    ),
+                    "tree_cost_nanos": case(
+                        (is_root, threads.c.tree_cost_nanos + bindparam("b_cost_nanos")),
+                        else_=threads.c.tree_cost_nanos,
+                    ),
                 }
             )
+            .returning(threads.c.root_id)
         )
-        root = select(threads.c.root_id).where(threads.c.id == bindparam("thread_id"))
         self.add_tree_spend: Update = (
             update(threads)
-            .where(threads.c.id == root.scalar_subquery())
+            .where(threads.c.id == bindparam("root_id"))
             .values(
                 tree_tokens=threads.c.tree_tokens + bindparam("b_tokens"),
                 tree_cost_nanos=threads.c.tree_cost_nanos + bindparam("b_cost_nanos"),

@@ -253,11 +253,14 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
     if spend is not None:
         params["b_message_completions"] = commit.message_completions or 0
         params.setdefault("b_usage", (commit.usage or Usage()).model_dump(mode="json"))
-        stmt = ready.advance_thread_spend
-    if run(conn, stmt, params).rowcount != 1:
+        params["b_tokens"] = spend.tokens
+        params["b_cost_nanos"] = to_nanos(spend.cost)
+        found = run(conn, ready.advance_thread_spend, params).first()
+        if found is None:
+            return False
+        add_spend(conn, commit.thread_id, found["root_id"], spend, now)
+    elif run(conn, stmt, params).rowcount != 1:
         return False
-    if spend is not None:
-        add_spend(conn, commit.thread_id, spend, now)
     if commit.closed_reason:  # rare (a close from outside): its own statement
         threads = tables(conn).threads
         conn.execute(
@@ -268,13 +271,14 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
     return True
 
 
-def add_spend(conn: Connection, thread_id: str, spend: Spend, now: datetime) -> None:
-    """The slice's usage on its minute's ledger row, and its tokens and cost on its
-    root's tree totals."""
+def add_spend(conn: Connection, thread_id: str, root_id: str, spend: Spend, now: datetime) -> None:
+    """The slice's usage on its minute's ledger row, and, for a thread that is not a root
+    (a root's own commit added them already), its tokens and cost on its root's totals."""
     ready = prepared(conn)
     cost_nanos = to_nanos(spend.cost)
-    totals = {"thread_id": thread_id, "b_tokens": spend.tokens, "b_cost_nanos": cost_nanos}
-    run(conn, ready.add_tree_spend, totals)
+    if root_id != thread_id:
+        totals = {"root_id": root_id, "b_tokens": spend.tokens, "b_cost_nanos": cost_nanos}
+        run(conn, ready.add_tree_spend, totals)
     row = {
         "thread_id": thread_id,
         "at": now.replace(second=0, microsecond=0),
