@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dormant.agents import Agent
     from dormant.base_client import BaseClient
+    from dormant.budget import Budget
     from dormant.client import Client
     from dormant.errors import DormantError
     from dormant.local import LocalSystem
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Agent",
     "BaseClient",
+    "Budget",
     "Client",
     "DormantError",
     "LocalSystem",
@@ -36,6 +38,7 @@ __all__ = [
 _HOMES = {
     "Agent": "dormant.agents",
     "BaseClient": "dormant.base_client",
+    "Budget": "dormant.budget",
     "Client": "dormant.client",
     "DormantError": "dormant.errors",
     "LocalSystem": "dormant.local",

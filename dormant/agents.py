@@ -8,9 +8,11 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+from dormant.budget import Budget
 from dormant.errors import ConfigurationError, UnknownAgent
 from dormant.messages import EVENT_TOOL_NAME
 from dormant.models.base import Model, ModelSettings, ToolSpec
+from dormant.models.prices import DEFAULT_PRICES, Price
 from dormant.stores.base import CallRecord, CallState, ThreadInfo
 from dormant.tools.base import Tool
 from dormant.tools.builtins import BUILTINS, THREAD_TOOLS, offered_builtins
@@ -36,6 +38,9 @@ class Agent:
     ``close_after_idle_s`` (off by default) closes a thread of this agent that stayed idle
     (no call pending, nothing queued) that long after its last slice: the sweeper does it,
     as ``close_thread`` would, with the reason "idle for more than N s".
+    ``budget`` bounds what a thread tree of this agent spends on its model (a launch may
+    give its tree another); by default 50 completions per user message, nothing else.
+    ``prices`` adds to or overrides ``dormant.models.prices.DEFAULT_PRICES`` by model name.
     """
 
     name: str
@@ -47,6 +52,8 @@ class Agent:
     steering: Steering = "enqueue"
     threads: bool = False
     close_after_idle_s: float | None = None
+    budget: Budget = field(default_factory=Budget)
+    prices: Mapping[str, Price] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -101,6 +108,11 @@ class Agent:
             subscribed=subscribed,
         )
         return [*self._own_specs, *(BUILTINS[n].spec() for n in names)]
+
+    @functools.cached_property
+    def price_table(self) -> Mapping[str, Price]:
+        """The default prices with this agent's own on top."""
+        return {**DEFAULT_PRICES, **self.prices}
 
     def resolved_model(self) -> Model:
         if isinstance(self.model, str):

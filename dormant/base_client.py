@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from dormant.agents import AgentRegistry
+from dormant.budget import Budget, with_budget
 from dormant.errors import (
     CallAnswered,
     ControlSignal,
@@ -36,6 +37,7 @@ from dormant.messages import (
     UserMessage,
     UserText,
 )
+from dormant.runtime.budgets import raise_limits
 from dormant.runtime.close import Closing, close_thread
 from dormant.runtime.history import pending
 from dormant.settings import Settings
@@ -115,8 +117,12 @@ class BaseClient(ABC):
         thread_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         message_id: str | None = None,
+        budget: Budget | None = None,
     ) -> str:
         """Start a thread of ``agent`` with user ``text``; returns the thread id.
+
+        ``budget`` replaces the agent's for this thread and everything it spawns (kept in
+        its metadata under ``"budget"``).
 
         Retry-safe with a chosen ``thread_id``: launching it again with the same agent and
         text returns the id and creates nothing (the first message is ``launch:<thread_id>``
@@ -132,7 +138,7 @@ class BaseClient(ABC):
         new = NewThread(
             id=thread_id,
             agent=agent,
-            metadata=metadata or {},
+            metadata=with_budget(metadata, budget),
             messages=[(message_id, first, Priority.INTERACTIVE)],
         )
         try:
@@ -249,6 +255,25 @@ class BaseClient(ABC):
             thread = self.store.set_status(thread_id, status)
         self.wake(thread_id, Priority.INTERACTIVE)
         return thread
+
+    def raise_budget(
+        self,
+        thread_id: str,
+        *,
+        max_tokens: int | None = None,
+        max_cost: float | None = None,
+        max_completions_per_message: int | None = None,
+    ) -> ThreadInfo:
+        """Set new limits for the budget of ``thread_id``'s tree (those not given stay) and
+        resume the threads of the tree it stopped, as ``retry`` does; the thread's record."""
+        limits = {
+            "max_tokens": max_tokens,
+            "max_cost": max_cost,
+            "max_completions_per_message": max_completions_per_message,
+        }
+        for stopped in raise_limits(self.store, thread_id, limits):
+            self.retry(stopped)
+        return self.store.thread(thread_id)
 
     def close_thread(self, thread_id: str, *, reason: str = "closed by request") -> ThreadInfo:
         """Close a thread (a root or a child) and its descendants; its record after.

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Self
 
 from dormant.agents import AgentRegistry
 from dormant.base_client import BaseClient, Waker, new_message_id, new_thread_id
+from dormant.budget import Budget
 from dormant.errors import ConfigurationError
 from dormant.messages import Event
 from dormant.settings import Settings
@@ -176,6 +177,7 @@ class Client(BaseClient):
         metadata: dict[str, Any] | None = None,
         message_id: str | None = None,
         connection: CallerTransaction | None = None,
+        budget: Budget | None = None,
     ) -> str:
         """Start a thread; with ``connection`` (a SQLAlchemy ``Connection`` or ``Session``
         on dormant's database) its rows are written in the caller's transaction and the
@@ -184,6 +186,7 @@ class Client(BaseClient):
             "thread_id": thread_id,
             "metadata": metadata,
             "message_id": message_id,
+            "budget": budget,
         }
         if connection is not None:
             return self.in_transaction(connection).launch(agent, text, **options)
@@ -236,6 +239,7 @@ class Client(BaseClient):
         thread_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         message_id: str | None = None,
+        budget: Budget | None = None,
     ) -> str:
         """Launch once the caller's transaction commits; nothing if it rolls back.
 
@@ -251,7 +255,12 @@ class Client(BaseClient):
         thread_id = thread_id or new_thread_id()
         on_commit(
             lambda: self.launch(
-                agent, text, thread_id=thread_id, metadata=metadata, message_id=message_id
+                agent,
+                text,
+                thread_id=thread_id,
+                metadata=metadata,
+                message_id=message_id,
+                budget=budget,
             )
         )
         return thread_id

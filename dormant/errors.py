@@ -26,7 +26,8 @@
     ├── SliceFailed                 a slice failed or met a stalled thread (already recorded)
     ├── LimitExceeded               a slice outgrew a limit (recorded as its failure)
     │   ├── HistoryTooLarge         the history passed ``max_history_bytes``
-    │   └── SliceDeadlineExceeded   the slice ran past ``slice_deadline_s``
+    │   ├── SliceDeadlineExceeded   the slice ran past ``slice_deadline_s``
+    │   └── BudgetExceeded          the thread's budget is spent (it stalls at once)
     ├── ModelError                  the provider failed
     │   ├── ModelRetryable          rate limit, 5xx, dropped or truncated stream
     │   └── ModelFatal              bad request, auth: retrying cannot help
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BrokerUnavailable",
+    "BudgetExceeded",
     "CallAnswered",
     "ConfigurationError",
     "ControlSignal",
@@ -287,6 +289,22 @@ class SliceDeadlineExceeded(LimitExceeded):
             f"{deadline_s:g} s (slice_deadline_s); nothing was committed"
         )
         self.thread_id = thread_id
+
+
+class BudgetExceeded(LimitExceeded):
+    """A model call would pass the thread's budget: the slice writes nothing and the
+    thread stalls at once, its ``last_error`` this message (``budget: <limit> used/limit``)
+    until ``raise_budget`` or ``retry``."""
+
+    def __init__(self, thread_id: str, limit: str, used: float, allowed: float) -> None:
+        super().__init__(f"budget: {limit} {_amount(used)}/{_amount(allowed)} (thread {thread_id})")
+        self.thread_id = thread_id
+        self.limit = limit
+
+
+def _amount(value: float) -> str:
+    """Tokens and counts as integers, costs with up to 6 decimals."""
+    return str(int(value)) if float(value).is_integer() else f"{value:.6f}".rstrip("0")
 
 
 class ModelError(DormantError):

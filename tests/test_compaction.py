@@ -265,3 +265,31 @@ def test_events_for_compacted_calls_are_still_routed() -> None:
     h.drain()
     event = next(i for i in h.history(t) if isinstance(i, EventShown))
     assert (event.original_name, event.original_args) == ("watch", {"repo": "r"})
+
+
+def test_a_compaction_is_counted_in_usage_but_not_against_the_per_message_cap() -> None:
+    from dormant import Budget
+
+    model = Chatty(chat)
+    agent = Agent("a", model=model, tools=[run_build, watch], budget=Budget(max_tokens=1950))
+    h = Harness(agent)
+    t = h.launch("a", "hello")
+    h.step(t)
+    h.send(t, "more")
+    h.step(t)  # a summary, then the reply
+    assert model.summaries == 1
+    spent = h.store.usage(thread_id=t)["a"]
+    assert (spent.completions, spent.input_tokens) == (3, 900 + 100 + 900)
+    assert h.store.thread(t).message_completions == 1  # the reply only
+    assert h.thread(t).usage.total_tokens == 900  # the last completion's, for compaction
+    h.send(t, "again")
+    h.step(t)  # 1900 of 1950 spent: the compaction runs, its 100 tokens leave none to reply
+    assert h.thread(t).last_error.startswith("budget: max_tokens 2000/1950")
+    assert model.summaries == 2
+    # nothing was written, the summary included: the user's text waits for its reply
+    assert h.store.thread(t).tree_tokens == 1900
+    assert [r.message.kind for r in h.store.inbox(t) if r.state.value == "pending"] == ["user"]
+    h.raise_budget(t, max_tokens=5000)
+    h.step(t)
+    assert model.summaries == 3
+    assert h.history(t)[-1] == AssistantTurn(text="reply to UserText")

@@ -15,8 +15,8 @@ PACKAGE = ROOT / "dormant"
 
 PUBLIC = {
     "dormant": {
-        "Agent", "BaseClient", "Client", "DormantError", "LocalSystem", "Settings", "Tool",
-        "ToolContext", "tool",
+        "Agent", "BaseClient", "Budget", "Client", "DormantError", "LocalSystem", "Settings",
+        "Tool", "ToolContext", "tool",
     },
     "dormant.models": {
         "AnthropicModel", "ChunkSink", "Completion", "Model", "ModelRequest", "ModelSettings",

@@ -28,6 +28,7 @@ from dormant.cli.connect import (
 from dormant.cli.errors import DEBUG_FLAG, PROG, reported, say
 from dormant.cli.retention import prune, quarantine, retry
 from dormant.cli.serve import serve
+from dormant.cli.usage import raise_budget, usage
 from dormant.cli.workers import beat, worker
 
 if TYPE_CHECKING:
@@ -302,6 +303,8 @@ def run_hosted(args: Sequence[str], *, prog_name: str, settings: Callable[[], Se
 app.command()(reported(retry))
 app.command()(reported(quarantine))
 app.command()(reported(prune))
+app.command()(reported(usage))
+app.command("raise-budget")(reported(raise_budget))
 app.command()(reported(_own_celery_app(worker)))
 app.command()(reported(_own_celery_app(beat)))
 app.command()(reported(serve))

@@ -47,6 +47,11 @@ class ModelSettings:
     tools are offered; ``None`` leaves the provider's default (``OpenAIModel`` keeps its
     own ``parallel_tool_calls`` then). ``extra_body`` is merged into the request's JSON
     body as is, for provider-specific fields dormant does not model (its keys win).
+
+    ``tool_choice`` is sent only with the first completion after each user message (a
+    thread's first, for a child or event thread): sent on every request, ``"required"``
+    would make the model call a tool on every turn for ever. ``tool_choice_every_turn``
+    sends it on every request instead.
     """
 
     temperature: float | None = None
@@ -54,6 +59,7 @@ class ModelSettings:
     timeout_s: float = 120.0
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    tool_choice_every_turn: bool = False
     extra_body: dict[str, Any] = field(default_factory=dict)
 
 

@@ -13,6 +13,7 @@ from rich.tree import Tree
 
 from dormant.messages import ItemAdapter
 from dormant.ops.timeline import render_item
+from dormant.ops.usage import spend_record, thread_usage, usage_line
 from dormant.runtime.history import pending
 from dormant.stores.base import CallState, InboxState, Store, StoredItem, ThreadInfo
 from dormant.stores.lineage import full_history
@@ -97,7 +98,7 @@ def timeline(store: Store, thread_id: str, *, full: bool = False) -> Group:
     """The thread's status, then its model-visible history (``full``: every stored item,
     including those a summary replaced), inherited items dimmed."""
     info = store.thread(thread_id)
-    lines: list[Text] = [_label(store, info), Text()]
+    lines: list[Text] = [_label(store, info), usage_line(store, info), Text()]
     for stored in _items(store, info, full):
         inherited = info.fork_seq is not None and stored.seq <= info.fork_seq
         line = Text.assemble((f"#{stored.seq:<4}", "dim"), render_item(stored.item))
@@ -130,6 +131,10 @@ def thread_record(store: Store, info: ThreadInfo) -> dict[str, Any]:
         "created_at": info.created_at.isoformat(),
         "updated_at": info.updated_at.isoformat(),
         "metadata": info.metadata,
+        "usage": spend_record(thread_usage(store, info)),
+        "message_completions": info.message_completions,
+        "tree_tokens": info.tree_tokens,
+        "tree_cost": info.tree_cost,
     }
 
 

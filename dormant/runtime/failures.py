@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from dormant.errors import HistoryTooLarge, ModelFatal, SliceDeadlineExceeded
+from dormant.errors import BudgetExceeded, HistoryTooLarge, ModelFatal, SliceDeadlineExceeded
 from dormant.messages import (
     AssistantTurn,
     Event,
@@ -34,7 +34,9 @@ __all__ = [
 
 def describe(error: BaseException) -> str:
     """The last line of the error's traceback, without the module (``KeyError: 'choices'``,
-    ``ModelFatal: 401 ...``), for ``last_error``."""
+    ``ModelFatal: 401 ...``), for ``last_error``; a spent budget says ``budget: ...``."""
+    if isinstance(error, BudgetExceeded):
+        return str(error)
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[-1]}" if text else type(error).__name__
 
@@ -44,7 +46,10 @@ def stalls_at_once(error: Exception) -> bool:
     (``ModelFatal`` other than 400, 413 or 422: a bad or missing key, a model it does not
     serve) refuses every retry the same way until an operator fixes it, so retrying only
     hides the reason behind a backoff. A refused request blames one message instead and
-    goes the way of quarantine (``quarantine.py``)."""
+    goes the way of quarantine (``quarantine.py``). A spent budget stops the thread until
+    an operator raises it: retrying would spend more or meet the same limit."""
+    if isinstance(error, BudgetExceeded):
+        return True
     return isinstance(error, ModelFatal) and error.status not in REQUEST_STATUSES
 
 

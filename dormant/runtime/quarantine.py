@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from dormant.errors import HistoryTooLarge, ModelFatal, ModelRetryable
+from dormant.errors import BudgetExceeded, HistoryTooLarge, ModelFatal, ModelRetryable
 from dormant.messages import ItemAdapter, ToolResultMessage
 from dormant.settings import Settings
 from dormant.stores.base import CallRecord, CallState, InboxRow, InboxState, Snapshot, StoredItem
@@ -68,7 +68,7 @@ REQUEST_STATUSES = frozenset({400, 413, 422})
 def _blames_input(error: Exception) -> bool:
     """Whether the failure may be the input's fault: not a provider outage, not the
     thread's size, not a provider refusing the deployment (a bad key, an unknown model)."""
-    if isinstance(error, ModelRetryable | HistoryTooLarge):
+    if isinstance(error, ModelRetryable | HistoryTooLarge | BudgetExceeded):
         return False
     if isinstance(error, ModelFatal):
         return error.status in REQUEST_STATUSES

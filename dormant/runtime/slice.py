@@ -24,6 +24,7 @@ import uuid
 
 from dormant.agents import Agent
 from dormant.errors import (
+    BudgetExceeded,
     ControlSignal,
     CrashPoint,
     LeaseLost,
@@ -45,6 +46,7 @@ from dormant.messages import (
 )
 from dormant.models.base import Completion, Model, ModelRequest
 from dormant.models.retry import complete_with_retry
+from dormant.runtime.budgets import Meter
 from dormant.runtime.calls import fresh_ids, start_call
 from dormant.runtime.children import (
     instructions_for,
@@ -224,7 +226,7 @@ class _Slice:
                 raise  # the slice's work is stored; what is left the sweeper re-drives
             # A provider's failure is expected and says all in one line; anything else is a
             # bug somewhere, and its traceback is what finds it.
-            expected = isinstance(error, ModelError)
+            expected = isinstance(error, ModelError | BudgetExceeded)
             log.warning(
                 "slice of thread %s failed: %s",
                 self.thread_id,
@@ -258,7 +260,10 @@ class _Slice:
                 self._converse(agent, snap, applied, turn)
             except SteeredAway:
                 return Steered(self.thread_id), self.seen
-        return self._commit(snap, applied, turn)
+        committed = self._commit(snap, applied, turn)
+        if turn.meter is not None and turn.meter.stopped and self.committed:
+            return self._failed(0, turn.meter.stopped, stall_after=1), committed[1]
+        return committed
 
     def _failed(self, failures: int, error: str, stall_after: int | None = None) -> Failed:
         return record_failed(self.deps, self.thread_id, failures, error, self.events, stall_after)
@@ -274,21 +279,25 @@ class _Slice:
     def _converse(self, agent: Agent, snap: Snapshot, applied: Applied, turn: Turn) -> None:
         deps = self.deps
         model = agent.resolved_model()
+        meter = turn.meter = Meter.start(deps.store, agent, model, snap.thread, turn.items)
         visible = [*snap.items, *turn.items]
         if needs_compaction(agent, model, snap.thread):
-            visible = self._compact(agent, model, snap.items, visible, turn)
+            visible = self._compact(agent, model, snap.items, visible, turn, meter)
         check_history_size(deps, self.thread_id, visible)
         instructions = instructions_for(agent, snap.thread)
         for _ in range(deps.settings.max_rounds_per_slice):
             self._check_deadline()
+            if not meter.allows_another():
+                return
             request = ModelRequest(
                 self.thread_id,
                 instructions,
                 tuple(s.item for s in visible),
                 agent.specs(snap.thread, applied.calls.values()),
-                agent.model_settings,
+                meter.settings(agent.model_settings),
             )
             completion = self._complete(model, request)
+            meter.charge(completion.usage)
             deps.crash("after_model")
             calls = fresh_ids(completion.calls, applied.calls)
             # The seq makes the id unique in the thread; 8 random hex digits keep a sender's
@@ -337,6 +346,7 @@ class _Slice:
         committed: list[StoredItem],
         visible: list[StoredItem],
         turn: Turn,
+        meter: Meter,
     ) -> list[StoredItem]:
         """Summarise the committed history up to its last safe point; what the model sees
         next is the summary, then everything after it (this slice's new input included)."""
@@ -348,7 +358,10 @@ class _Slice:
         request = ModelRequest(
             self.thread_id, COMPACTION_INSTRUCTIONS, items, (), agent.model_settings
         )
-        summary = Summary(text=self._complete(model, request).text, upto_seq=upto)
+        meter.check()
+        completion = self._complete(model, request)
+        meter.charge(completion.usage, summary=True)
+        summary = Summary(text=completion.text, upto_seq=upto)
         stored = turn.add(f"summary:{uuid.uuid4().hex}", summary)
         turn.usage = Usage()  # the old count no longer describes the history (a536c9f)
         return compacted([*visible, stored])
@@ -438,6 +451,8 @@ class _Slice:
             close_descendants=closing,
             enqueue=turn.enqueue,
             usage=turn.usage,
+            spend=turn.meter.spend if turn.meter else None,
+            message_completions=turn.meter.message_completions if turn.meter else None,
         )
         self._check_deadline()
         deps.crash("before_commit")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from dormant.messages import Inbound, Item, Usage
+from dormant.runtime.budgets import Meter
 from dormant.stores.base import NewThread, NewTimer, StoredItem
 
 __all__ = ["Turn"]
@@ -22,6 +23,8 @@ class Turn:
     enqueue: list[tuple[str, str, Inbound, int]] = field(default_factory=list)
     usage: Usage | None = None
     closing: bool = False
+    meter: Meter | None = None
+    """Set when the slice calls its model: what it spent, against the budget."""
 
     @property
     def free_seq(self) -> int:

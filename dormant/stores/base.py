@@ -32,6 +32,7 @@ __all__ = [
     "QueryStore",
     "SliceStore",
     "Snapshot",
+    "Spend",
     "Store",
     "StoredItem",
     "SweepStore",
@@ -86,6 +87,33 @@ when the operator retried it, after input that arrived later (``dormant check`` 
 
 
 @dataclass(frozen=True, slots=True)
+class Spend:
+    """What model calls used: a slice's (one ledger row), or a sum of them."""
+
+    completions: int = 0
+    input_tokens: int = 0
+    """Prompt tokens, the cached ones included."""
+    output_tokens: int = 0
+    cached_tokens: int = 0
+    cost: float = 0.0
+    """In the price table's currency (``dormant.models.prices``); 0 for unpriced models."""
+
+    @property
+    def tokens(self) -> int:
+        """What ``Budget.max_tokens`` counts: input + output."""
+        return self.input_tokens + self.output_tokens
+
+    def __add__(self, other: Spend) -> Spend:
+        return Spend(
+            self.completions + other.completions,
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_tokens + other.cached_tokens,
+            self.cost + other.cost,
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class ThreadInfo:
     id: str
     agent: str
@@ -110,6 +138,14 @@ class ThreadInfo:
     closed_reason: str = ""
     """Why the thread was closed (``close_thread(reason=...)``, an idle limit, an
     ancestor's close); empty while it is open, or when it closed itself."""
+    tree_tokens: int = 0
+    """On a root: input + output tokens its whole tree spent (children and event threads
+    add theirs here); 0 on other threads."""
+    tree_cost: float = 0.0
+    """On a root: what its whole tree's completions cost."""
+    message_completions: int = 0
+    """The thread's own completions since the last user text it applied (``retry``
+    resets it): what ``Budget.max_completions_per_message`` bounds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,6 +304,10 @@ class Commit:
     usage: Usage | None = None
     closed_reason: str = ""
     """With status closed: why (kept on the thread's record, shown by ``dormant show``)."""
+    spend: Spend | None = None
+    """What the slice's model calls used: a ledger row, added to the root's tree totals."""
+    message_completions: int | None = None
+    """The thread's new count of completions since its last user text (with ``spend``)."""
 
 
 class SliceStore(Protocol):
@@ -346,6 +386,10 @@ class InboxStore(Protocol):
         """A durable timer (``ToolContext.schedule``); a repeated message_id is ignored."""
         ...
 
+    def set_metadata(self, thread_id: str, metadata: dict[str, Any]) -> ThreadInfo:
+        """Replace the thread's metadata (``raise_budget``); bumps the version."""
+        ...
+
 
 class QueryStore(Protocol):
     def thread(self, thread_id: str) -> ThreadInfo: ...
@@ -368,6 +412,17 @@ class QueryStore(Protocol):
 
     def quarantined(self, limit: int = 100) -> list[InboxRow]:
         """Quarantined rows of every thread, oldest first."""
+        ...
+
+    def usage(
+        self,
+        *,
+        thread_id: str | None = None,
+        agent: str | None = None,
+        since: datetime | None = None,
+    ) -> dict[str, Spend]:
+        """The usage ledger summed per agent: of one thread, of one agent's threads, of
+        the slices committed at or after ``since`` (pruned threads take theirs along)."""
         ...
 
 

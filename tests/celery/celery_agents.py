@@ -16,10 +16,10 @@ from functools import cache
 import redis
 from celery.signals import worker_ready
 
-from dormant import Agent, ToolContext, tool
+from dormant import Agent, Budget, ToolContext, tool
 from dormant.demo import triage_script
 from dormant.errors import ModelError, ModelFatal, ModelRetryable
-from dormant.messages import Item, ToolResult, UserText
+from dormant.messages import Item, ToolResult, Usage, UserText
 from dormant.models import Completion, ModelRequest, ScriptedModel, call, reply
 from dormant.models.base import ChunkSink
 
@@ -240,7 +240,25 @@ closable = Agent(
     "closable", model=_Closable(), tools=[run_build, watch_pull_requests], threads=True
 )
 
+
+def _looping(history: Sequence[Item]) -> Completion:
+    """Calls ``add`` on every turn, whatever it is shown: only its budget stops it."""
+    return Completion(
+        text="again",
+        calls=(call("add", a=1, b=2),),
+        usage=Usage(input_tokens=100, output_tokens=10),
+    )
+
+
+looper = Agent(
+    "looper",
+    model=ScriptedModel(_looping, name="gpt-4.1-mini"),
+    tools=[add],
+    budget=Budget(max_completions_per_message=None, max_tokens=330),
+)
+
 AGENTS = [
+    looper,
     echo,
     forgetful,
     calc,

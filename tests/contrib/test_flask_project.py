@@ -116,3 +116,18 @@ print(placed.status_code, placed.json["thread_id"])
 shown = web.get(f"/threads/{placed.json['thread_id']}/")
 print(shown.status_code, placed.json["thread_id"])
 """
+
+
+def test_a_launch_through_the_flask_client_keeps_its_budget(app: Flask) -> None:
+    from dormant import Budget
+
+    runner = app.test_cli_runner()
+    assert runner.invoke(args=["dormant", "db", "upgrade"]).exit_code == 0
+    with app.app_context():
+        client = Dormant().client(app)
+        thread_id = client.launch("support", "hi", budget=Budget(max_tokens=1000))
+        assert client.thread(thread_id).metadata["budget"] == {
+            "max_completions_per_message": 50,
+            "max_tokens": 1000,
+            "max_cost": None,
+        }

@@ -22,6 +22,7 @@ from dormant.stores.base import (
     TimerRow,
 )
 from dormant.stores.memory.blob import pack_lines, unpack_lines
+from dormant.stores.memory.ledger import MemoryLedger
 from dormant.stores.memory.thread import StoredThread, codecs, info_of, update
 
 __all__ = ["MemoryRetention"]
@@ -41,6 +42,7 @@ class MemoryRetention:
     _timers: dict[int, TimerRow]
     _timer_keys: set[tuple[str, str]]
     _children: dict[str, list[str]]
+    _ledger: MemoryLedger
 
     def _get(self, thread_id: str) -> StoredThread:
         raise NotImplementedError
@@ -157,3 +159,4 @@ class MemoryRetention:
         for timer_id in [i for i, r in self._timers.items() if r.thread_id in doomed]:
             del self._timers[timer_id]
         self._timer_keys = {k for k in self._timer_keys if k[0] not in doomed}
+        self._ledger.drop(doomed)

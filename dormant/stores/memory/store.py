@@ -47,6 +47,7 @@ from dormant.stores.base import (
     OutboxRow,
     Priority,
     Snapshot,
+    Spend,
     StoredItem,
     ThreadInfo,
     ThreadStatus,
@@ -56,6 +57,7 @@ from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.memory import thread as stored
 from dormant.stores.memory.blob import unpack_lines
 from dormant.stores.memory.closing import MemoryClosing
+from dormant.stores.memory.ledger import MemoryLedger
 from dormant.stores.memory.retention import MemoryRetention, _waiting
 
 __all__ = ["MemoryStore"]
@@ -78,6 +80,7 @@ class MemoryStore(MemoryClosing, MemoryRetention):
         self._timer_keys: set[tuple[str, str]] = set()
         self._ids = itertools.count(1)
         self._children: dict[str, list[str]] = {}
+        self._ledger = MemoryLedger()
 
     # threads ---------------------------------------------------------------------------
 
@@ -124,7 +127,25 @@ class MemoryStore(MemoryClosing, MemoryRetention):
     def set_status(self, thread_id: str, status: ThreadStatus) -> ThreadInfo:
         with self._lock:
             t = self._get(thread_id)
-            return stored.update(t, status=status, failures=0, last_error="", retry_at=None)
+            return stored.update(
+                t, status=status, failures=0, last_error="", retry_at=None, message_completions=0
+            )
+
+    def set_metadata(self, thread_id: str, metadata: dict[str, Any]) -> ThreadInfo:
+        with self._lock:
+            return stored.update(self._get(thread_id), metadata=dict(metadata))
+
+    def usage(
+        self,
+        *,
+        thread_id: str | None = None,
+        agent: str | None = None,
+        since: datetime | None = None,
+    ) -> dict[str, Spend]:
+        with self._lock:
+            if thread_id is not None:
+                self._get(thread_id)
+            return self._ledger.usage(thread_id, agent, since)
 
     # inbox ----------------------------------------------------------------------------
 
@@ -239,10 +260,29 @@ class MemoryStore(MemoryClosing, MemoryRetention):
                 changes["usage"] = commit.usage
             if commit.closed_reason:
                 changes["closed_reason"] = commit.closed_reason
+            if commit.spend is not None:
+                changes["message_completions"] = commit.message_completions or 0
+                self._add_spend(info, commit.spend, now, changes)
             stored.update(t, **changes)
             if commit.status in (ThreadStatus.IDLE, ThreadStatus.CLOSED):
                 self._cool(commit.thread_id, t)  # its turn is over: it waits for a person
             return created
+
+    def _add_spend(
+        self, info: ThreadInfo, spend: Spend, now: datetime, changes: dict[str, Any]
+    ) -> None:
+        """A ledger entry, and the tokens and cost on the root's tree totals: through
+        ``changes`` for a root's own commit; else on the root's record as it is, its
+        version untouched (a root's slice must not go stale for its child's commit)."""
+        self._ledger.add(info.id, info.agent, now, spend)
+        root_id = info.root_id or info.id
+        if root_id == info.id:
+            changes["tree_tokens"] = info.tree_tokens + spend.tokens
+            changes["tree_cost"] = info.tree_cost + spend.cost
+            return
+        root = self._threads.get(root_id)
+        if root is not None:
+            stored.add_to_tree(root, spend.tokens, spend.cost)
 
     def record_failure(
         self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None

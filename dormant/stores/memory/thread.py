@@ -24,6 +24,7 @@ __all__ = [
     "Codecs",
     "Hot",
     "StoredThread",
+    "add_to_tree",
     "calls_of",
     "codecs",
     "cool",
@@ -117,6 +118,17 @@ def update(t: StoredThread, **changes: Any) -> ThreadInfo:
     else:
         t.info = codecs().info.dump_json(info)
     return info
+
+
+def add_to_tree(t: StoredThread, tokens: int, cost: float) -> None:
+    """Add to a root's tree totals, its version untouched (a child's commit)."""
+    info = info_of(t)
+    info = replace(info, tree_tokens=info.tree_tokens + tokens, tree_cost=info.tree_cost + cost)
+    if t.hot is not None:
+        t.hot.info = info
+        t.hot.dirty = True
+    else:
+        t.info = codecs().info.dump_json(info)
 
 
 def calls_of(t: StoredThread) -> dict[str, CallRecord]:

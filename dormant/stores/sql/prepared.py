@@ -92,6 +92,45 @@ class Prepared:
             .where(guard)
             .values({**advance, "usage": bindparam("b_usage", type_=threads.c.usage.type)})
         )
+        # A slice that called its model: its counters and, on a root, its tree totals, in
+        # the same statement (it returns the root's id: another thread's root gets an
+        # increment of its own, so concurrent commits in one tree never lose each other's);
+        # then its minute's ledger row.
+        is_root = threads.c.root_id == threads.c.id
+        self.advance_thread_spend: Update = (
+            update(threads)
+            .where(guard)
+            .values(
+                {
+                    **advance,
+                    "usage": bindparam("b_usage", type_=threads.c.usage.type),
+                    "message_completions": bindparam("b_message_completions"),
+                    "tree_tokens": case(
+                        (is_root, threads.c.tree_tokens + bindparam("b_tokens")),
+                        else_=threads.c.tree_tokens,
+                    ),
+                    "tree_cost_nanos": case(
+                        (is_root, threads.c.tree_cost_nanos + bindparam("b_cost_nanos")),
+                        else_=threads.c.tree_cost_nanos,
+                    ),
+                }
+            )
+            .returning(threads.c.root_id)
+        )
+        self.add_tree_spend: Update = (
+            update(threads)
+            .where(threads.c.id == bindparam("root_id"))
+            .values(
+                tree_tokens=threads.c.tree_tokens + bindparam("b_tokens"),
+                tree_cost_nanos=threads.c.tree_cost_nanos + bindparam("b_cost_nanos"),
+            )
+        )
+        ledger = ins(t.ledger)
+        added = ("completions", "input_tokens", "output_tokens", "cached_tokens", "cost_nanos")
+        self.add_to_ledger: Insert = ledger.on_conflict_do_update(
+            index_elements=["thread_id", "at"],
+            set_={name: t.ledger.c[name] + ledger.excluded[name] for name in added},
+        )
         self.known_threads: Select[Any] = select(threads.c.id).where(
             threads.c.id.in_(bindparam("ids", expanding=True))
         )

@@ -185,7 +185,7 @@ class SQLRetention:
     def _delete_threads(self, conn: Connection, ids: list[str]) -> None:
         """Every row of these threads, in every table: a pruned thread leaves nothing."""
         t = self._schema
-        for table in (t.items, t.calls, t.inbox, t.outbox, t.timers, t.pruned_ids):
+        for table in (t.items, t.calls, t.inbox, t.outbox, t.timers, t.pruned_ids, t.ledger):
             conn.execute(delete(table).where(table.c.thread_id.in_(ids)))
         conn.execute(delete(t.threads).where(t.threads.c.id.in_(ids)))
 

@@ -31,9 +31,11 @@ from dormant.stores.base import (
 from dormant.stores.sql.tables import Schema, schema
 
 __all__ = [
+    "NANOS",
     "SCHEMA_OPTION",
     "call_record",
     "call_values",
+    "from_nanos",
     "inbox_row",
     "inbox_values",
     "insert_for",
@@ -47,6 +49,7 @@ __all__ = [
     "thread_info",
     "thread_values",
     "timer_values",
+    "to_nanos",
 ]
 
 Row = Mapping[Any, Any]
@@ -95,7 +98,22 @@ def thread_values(thread: NewThread, now: datetime) -> dict[str, Any]:
         "usage": Usage().model_dump(mode="json"),
         "created_at": now,
         "updated_at": now,
+        "tree_tokens": 0,
+        "tree_cost_nanos": 0,
+        "message_completions": 0,
     }
+
+
+NANOS = 1_000_000_000
+"""Costs are stored in billionths of the price table's currency, as integers."""
+
+
+def to_nanos(cost: float) -> int:
+    return round(cost * NANOS)
+
+
+def from_nanos(cost_nanos: int) -> float:
+    return cost_nanos / NANOS
 
 
 def thread_info(row: Row) -> ThreadInfo:
@@ -117,6 +135,9 @@ def thread_info(row: Row) -> ThreadInfo:
         inbox_seen=row["inbox_seen"],
         retry_at=row["retry_at"],
         closed_reason=row["closed_reason"],
+        tree_tokens=row["tree_tokens"],
+        tree_cost=from_nanos(row["tree_cost_nanos"]),
+        message_completions=row["message_completions"],
     )
 
 

@@ -19,7 +19,7 @@ from dormant.errors import (
     UnknownCall,
     UnknownThread,
 )
-from dormant.messages import Inbound, UserMessage
+from dormant.messages import Inbound, Usage, UserMessage
 from dormant.stores.base import (
     CallRecord,
     CallState,
@@ -29,6 +29,7 @@ from dormant.stores.base import (
     NewThread,
     NewTimer,
     OutboxRow,
+    Spend,
     StoredItem,
     ThreadInfo,
     ThreadStatus,
@@ -50,10 +51,12 @@ from dormant.stores.sql.rows import (
     thread_info,
     thread_values,
     timer_values,
+    to_nanos,
 )
 
 __all__ = [
     "ConnectionReader",
+    "add_spend",
     "advance_thread",
     "cancel_timers",
     "check_inbound",
@@ -248,7 +251,17 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
     if commit.usage is not None:
         params["b_usage"] = commit.usage.model_dump(mode="json")
         stmt = ready.advance_thread_usage
-    if run(conn, stmt, params).rowcount != 1:
+    spend = commit.spend
+    if spend is not None:
+        params["b_message_completions"] = commit.message_completions or 0
+        params.setdefault("b_usage", (commit.usage or Usage()).model_dump(mode="json"))
+        params["b_tokens"] = spend.tokens
+        params["b_cost_nanos"] = to_nanos(spend.cost)
+        found = run(conn, ready.advance_thread_spend, params).first()
+        if found is None:
+            return False
+        add_spend(conn, commit.thread_id, found["root_id"], spend, now)
+    elif run(conn, stmt, params).rowcount != 1:
         return False
     if commit.closed_reason:  # rare (a close from outside): its own statement
         threads = tables(conn).threads
@@ -258,6 +271,26 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
             .values(closed_reason=commit.closed_reason)
         )
     return True
+
+
+def add_spend(conn: Connection, thread_id: str, root_id: str, spend: Spend, now: datetime) -> None:
+    """The slice's usage on its minute's ledger row, and, for a thread that is not a root
+    (a root's own commit added them already), its tokens and cost on its root's totals."""
+    ready = prepared(conn)
+    cost_nanos = to_nanos(spend.cost)
+    if root_id != thread_id:
+        totals = {"root_id": root_id, "b_tokens": spend.tokens, "b_cost_nanos": cost_nanos}
+        run(conn, ready.add_tree_spend, totals)
+    row = {
+        "thread_id": thread_id,
+        "at": now.replace(second=0, microsecond=0),
+        "completions": spend.completions,
+        "input_tokens": spend.input_tokens,
+        "output_tokens": spend.output_tokens,
+        "cached_tokens": spend.cached_tokens,
+        "cost_nanos": cost_nanos,
+    }
+    run(conn, ready.add_to_ledger, row)
 
 
 # Lineage: inheritance and closing a subtree ------------------------------------------

@@ -37,6 +37,7 @@ from dormant.stores.base import (
     OutboxRow,
     Priority,
     Snapshot,
+    Spend,
     StoredItem,
     ThreadInfo,
     ThreadStatus,
@@ -47,6 +48,7 @@ from dormant.stores.sql.claims import SQLClaims
 from dormant.stores.sql.direct import direct_transaction, run, run_many
 from dormant.stores.sql.engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
 from dormant.stores.sql.items import ItemCache
+from dormant.stores.sql.ledger import usage_by_agent
 from dormant.stores.sql.prepared import prepared
 from dormant.stores.sql.retention import SQLRetention, check_room
 from dormant.stores.sql.rows import (
@@ -217,8 +219,23 @@ class SQLStore(SQLRetention, SQLClaims):
             failures=0,
             last_error="",
             retry_at=None,
+            message_completions=0,
             updated_at=_now(),
         )
+
+    def set_metadata(self, thread_id: str, metadata: dict[str, Any]) -> ThreadInfo:
+        changes = {"metadata": dict(metadata), "updated_at": _now()}  # the column's name
+        return self._update_thread(thread_id, **changes)
+
+    @retry_busy
+    def usage(
+        self,
+        *,
+        thread_id: str | None = None,
+        agent: str | None = None,
+        since: datetime | None = None,
+    ) -> dict[str, Spend]:
+        return usage_by_agent(self._schema, self._tx, thread_id, agent, since)
 
     def record_failure(
         self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None

@@ -47,6 +47,7 @@ __all__ = [
     "CallColumns",
     "InboxColumns",
     "ItemColumns",
+    "LedgerColumns",
     "OutboxColumns",
     "PrunedIdColumns",
     "Schema",
@@ -121,6 +122,11 @@ class ThreadColumns(SQLModel):
     usage: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
     created_at: datetime = Field(sa_type=UTCDateTime)
     updated_at: datetime = Field(sa_type=UTCDateTime)
+    tree_tokens: int = Field(default=0, sa_type=BigInteger)
+    """On a root: its whole tree's tokens, added to by each commit in the tree."""
+    tree_cost_nanos: int = Field(default=0, sa_type=BigInteger)
+    """Costs are kept in billionths (exact sums; a completion costs fractions of a cent)."""
+    message_completions: int = Field(default=0, sa_type=Integer)
 
 
 class ItemColumns(SQLModel):
@@ -198,6 +204,19 @@ class PrunedIdColumns(SQLModel):
     digest: bytes = Field(sa_type=LargeBinary)
 
 
+class LedgerColumns(SQLModel):
+    """What a thread's model calls used in one minute (``at``, its start): each commit adds
+    its slice's usage to its minute's row; ``dormant usage`` sums these rows."""
+
+    thread_id: str = Field(sa_type=String)
+    at: datetime = Field(sa_type=UTCDateTime)
+    completions: int = Field(default=0, sa_type=Integer)
+    input_tokens: int = Field(default=0, sa_type=BigInteger)
+    output_tokens: int = Field(default=0, sa_type=BigInteger)
+    cached_tokens: int = Field(default=0, sa_type=BigInteger)
+    cost_nanos: int = Field(default=0, sa_type=BigInteger)
+
+
 # The tables, per prefix ----------------------------------------------------------------
 
 
@@ -214,6 +233,7 @@ class Schema:
     outbox: Table
     timers: Table
     pruned_ids: Table
+    ledger: Table
 
 
 @functools.cache
@@ -291,6 +311,13 @@ def schema(prefix: str = "") -> Schema:
             "pruned_ids",
             PrimaryKeyConstraint("thread_id", "digest"),
             thread_fk(),
+        ),
+        ledger=table(
+            LedgerColumns,
+            "ledger",
+            PrimaryKeyConstraint("thread_id", "at"),
+            thread_fk(),
+            Index(None, "at"),
         ),
     )
 
