@@ -6,7 +6,7 @@ claims taken on a row; the run that finds ``tool_max_runs`` earlier runs died an
 call with an error instead of starting the tool again.
 
 Revision ID: 0009
-Revises: 0005
+Revises: 0006
 Create Date: 2026-12-01
 """
 
@@ -18,7 +18,7 @@ import sqlalchemy as sa
 from alembic import context, op
 
 revision: str = "0009"
-down_revision: str | Sequence[str] | None = "0005"
+down_revision: str | Sequence[str] | None = "0006"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
