@@ -17,7 +17,7 @@ from dormant.base_client import BaseClient, Waker, new_message_id, new_thread_id
 from dormant.errors import ConfigurationError
 from dormant.messages import Event
 from dormant.settings import Settings
-from dormant.stores.base import DedupSet, Lease, OutboxRow, Store
+from dormant.stores.base import DedupSet, Lease, OutboxRow, Priority, Store
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -175,6 +175,7 @@ class Client(BaseClient):
         thread_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         message_id: str | None = None,
+        priority: Priority | str = Priority.INTERACTIVE,
         connection: CallerTransaction | None = None,
     ) -> str:
         """Start a thread; with ``connection`` (a SQLAlchemy ``Connection`` or ``Session``
@@ -184,6 +185,7 @@ class Client(BaseClient):
             "thread_id": thread_id,
             "metadata": metadata,
             "message_id": message_id,
+            "priority": priority,
         }
         if connection is not None:
             return self.in_transaction(connection).launch(agent, text, **options)
@@ -236,6 +238,7 @@ class Client(BaseClient):
         thread_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         message_id: str | None = None,
+        priority: Priority | str = Priority.INTERACTIVE,
     ) -> str:
         """Launch once the caller's transaction commits; nothing if it rolls back.
 
@@ -246,12 +249,18 @@ class Client(BaseClient):
         does not, where dormant shares the caller's database.
         """
         on_commit = self._require_on_commit()
+        priority = Priority.of(priority)  # refused now, not after the caller's commit
         if self.agents is not None:
             self.agents.get_agent(agent)
         thread_id = thread_id or new_thread_id()
         on_commit(
             lambda: self.launch(
-                agent, text, thread_id=thread_id, metadata=metadata, message_id=message_id
+                agent,
+                text,
+                thread_id=thread_id,
+                metadata=metadata,
+                message_id=message_id,
+                priority=priority,
             )
         )
         return thread_id
