@@ -62,6 +62,7 @@ class Scenario:
     user_after_s: float
     concurrency: int
     burst_priority: str
+    limiter: str
     burst_s: float
     reply_words: int
     chunk_s: float
@@ -144,10 +145,14 @@ class Deployment:
             rows = conn.execute(query, {"p": prefix + "%", "n": turns}).all()
         return {row[0]: float(row[1]) for row in rows}
 
-    def stalled(self, prefix: str) -> int:
-        query = text("SELECT count(*) FROM threads WHERE id LIKE :p AND status = 'stalled'")
+    def stalled(self, prefix: str) -> dict[str, float]:
+        """Stalled threads whose id starts with ``prefix``, and when they stalled."""
+        query = text(
+            "SELECT id, extract(epoch FROM updated_at) FROM threads "
+            "WHERE id LIKE :p AND status = 'stalled'"
+        )
         with self.engine.connect() as conn:
-            return int(conn.execute(query, {"p": prefix + "%"}).scalar_one())
+            return {row[0]: float(row[1]) for row in conn.execute(query, {"p": prefix + "%"})}
 
     def close(self) -> None:
         for proc in self.procs:
@@ -204,6 +209,7 @@ def run(args: argparse.Namespace, scenario: Scenario, admission: bool) -> dict[s
     provider = RateLimitedProvider(
         scenario.rpm,
         scenario.tpm,
+        limiter=scenario.limiter,
         burst_s=scenario.burst_s,
         reply_words=scenario.reply_words,
         chunk_s=scenario.chunk_s,
@@ -257,18 +263,19 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
     deadline = time.monotonic() + timeout_s
     finished: dict[str, float] = {}
     user_done: dict[str, float] = {}
-    stalled = 0
+    stalled: dict[str, float] = {}
+    timed_out = True
     while time.monotonic() < deadline:
         d.check()
         finished = d.answered("burst_")
         user_done = d.answered("user_", turns=2)
-        stalled = d.stalled("burst_")
-        if len(finished) + stalled >= s.agents and len(user_done) == s.users:
+        stalled = d.stalled("burst_") | d.stalled("user_")
+        if len(finished) + len(user_done) + len(stalled) >= s.agents + s.users:
+            timed_out = False
             break
         time.sleep(0.5)
-    ended = max([*finished.values(), *user_done.values(), started])
-    if len(finished) < s.agents:
-        ended = time.time()
+    # The burst ends when its last thread answered or stalled (or at the deadline).
+    ended = time.time() if timed_out else max([*finished.values(), *stalled.values()])
     sweeps.stop()
 
     wall_s = ended - started
@@ -299,7 +306,9 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
         "longest_sweep_gap_s": sweeps.longest_gap_s(started, ended),
         "sweeps": len([x for x in sweeps.starts_ms if started * 1000 <= x <= ended * 1000]),
         "finished": len(finished),
-        "stalled": stalled,
+        "stalled": len([t for t in stalled if t.startswith("burst_")]),
+        "users_stalled": len([t for t in stalled if t.startswith("user_")]),
+        "timed_out": timed_out,
         "all_finished": len(finished) == s.agents,
         "per_minute": _per_minute(window, started),
     }
@@ -317,8 +326,8 @@ def _per_minute(window: list[Any], started: float) -> list[dict[str, int]]:
 def report(s: Scenario, runs: dict[str, dict[str, Any]]) -> None:
     title = (
         f"{s.agents} agents launched as {s.burst_priority} at once, {s.rpm:g} RPM / "
-        f"{s.tpm:g} TPM, one worker of {s.concurrency} slots, {s.users} user-facing threads "
-        f"get user text after {s.user_after_s:g} s"
+        f"{s.tpm:g} TPM ({s.limiter}), one worker of {s.concurrency} slots, "
+        f"{s.users} user-facing threads get user text after {s.user_after_s:g} s"
     )
     table = Table(title=title)
     table.add_column("measure")
@@ -359,13 +368,16 @@ def _rows(s: Scenario, runs: dict[str, dict[str, Any]]) -> list[tuple[str, list[
         ("longest time with no sweep run", [_seconds(r["longest_sweep_gap_s"]) for r in every]),
         (
             "all agents finished",
-            [
-                f"{'yes' if r['all_finished'] else 'no'} ({r['finished']}/{s.agents}, "
-                f"{r['stalled']} stalled)"
-                for r in every
-            ],
+            [_finished(r, s.agents) for r in every],
         ),
     ]
+
+
+def _finished(r: dict[str, Any], agents: int) -> str:
+    said = f"{'yes' if r['all_finished'] else 'no'} ({r['finished']}/{agents}"
+    said += f", {r['stalled']} stalled" if r["stalled"] else ""
+    said += f", {r['users_stalled']} user threads stalled" if r["users_stalled"] else ""
+    return said + (", timed out)" if r["timed_out"] else ")")
 
 
 def main() -> None:
@@ -378,6 +390,12 @@ def main() -> None:
     parser.add_argument("--concurrency", "-c", type=int, default=8)
     parser.add_argument(
         "--burst-priority", choices=("background", "interactive"), default="background"
+    )
+    parser.add_argument(
+        "--limiter",
+        choices=("bucket", "window"),
+        default="bucket",
+        help="the provider's limits: refilled continuously, or any 60 s (see burst_provider.py)",
     )
     parser.add_argument(
         "--burst-s",
@@ -404,6 +422,7 @@ def main() -> None:
         user_after_s=args.user_after_s,
         concurrency=args.concurrency,
         burst_priority=args.burst_priority,
+        limiter=args.limiter,
         burst_s=args.burst_s,
         reply_words=args.reply_words,
         chunk_s=args.chunk_s,

@@ -2,10 +2,12 @@
 
 ``POST /v1/chat/completions`` with ``stream: true`` streams a reply of ``reply_words`` words,
 one SSE chunk every ``chunk_s``, then the usage chunk and ``[DONE]``, as the real API does.
-Requests per minute and tokens per minute are two token buckets that refill continuously
-and hold at most ``burst_s`` seconds' worth (OpenAI enforces a per-minute limit over
-shorter periods, so a minute's quota cannot be spent in the first second). A request
-either bucket cannot pay for is answered 429 with the exact wait: ``retry-after-ms``
+Requests per minute and tokens per minute are two limits of one shape: ``bucket`` (the
+default) refills continuously and holds at most ``burst_s`` seconds' worth (OpenAI enforces
+a per-minute limit over shorter periods, so a minute's quota cannot be spent in the first
+second); ``window`` allows the minute's quota in any 60 s, so a burst that spends it at
+once is told to wait up to a minute (the server of issue 23). A request either limit
+cannot pay for is answered 429 with the exact wait: ``retry-after-ms``
 (what dormant reads first), ``retry-after`` in whole seconds rounded up, and OpenAI's
 ``x-ratelimit-*`` headers on every answer.
 
@@ -22,11 +24,28 @@ import json
 import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, Protocol
 
-__all__ = ["Bucket", "RateLimitedProvider", "Served"]
+__all__ = ["Bucket", "Limit", "RateLimitedProvider", "Served", "Window"]
+
+
+class Limit(Protocol):
+    """One limit (requests or tokens a minute) as the server keeps it."""
+
+    per_minute: float
+
+    def wait_s(self, now_s: float, cost: float) -> float:
+        """Seconds until ``cost`` can be paid (0: now)."""
+
+    def take(self, now_s: float, cost: float) -> None: ...
+
+    def remaining(self, now_s: float) -> float: ...
+
+    def reset_s(self, now_s: float) -> float:
+        """Seconds until the whole limit is free again (OpenAI's ``x-ratelimit-reset-*``)."""
 
 
 @dataclass
@@ -40,24 +59,63 @@ class Bucket:
     at_s: float = field(init=False)
 
     def __post_init__(self) -> None:
-        self.level = self.capacity(1.0)
+        self.level = self._capacity(1.0)
         self.at_s = time.monotonic()
 
-    def capacity(self, cost: float) -> float:
+    def _capacity(self, cost: float) -> float:
         return max(cost, self.per_minute * self.burst_s / 60)
 
-    def refill(self, now_s: float, cost: float) -> None:
+    def _refill(self, now_s: float, cost: float) -> None:
         rate = self.per_minute / 60
-        self.level = min(self.capacity(cost), self.level + (now_s - self.at_s) * rate)
+        self.level = min(self._capacity(cost), self.level + (now_s - self.at_s) * rate)
         self.at_s = now_s
 
-    def wait_s(self, cost: float) -> float:
-        """Seconds until ``cost`` can be paid (0: now); after ``refill``."""
+    def wait_s(self, now_s: float, cost: float) -> float:
+        self._refill(now_s, cost)
         return max(0.0, (cost - self.level) / (self.per_minute / 60))
 
-    def reset_s(self, cost: float) -> float:
-        """Seconds until the bucket is full again (OpenAI's ``x-ratelimit-reset-*``)."""
-        return max(0.0, (self.capacity(cost) - self.level) / (self.per_minute / 60))
+    def take(self, now_s: float, cost: float) -> None:
+        self.level -= cost
+
+    def remaining(self, now_s: float) -> float:
+        return self.level
+
+    def reset_s(self, now_s: float) -> float:
+        return max(0.0, (self._capacity(1.0) - self.level) / (self.per_minute / 60))
+
+
+@dataclass
+class Window:
+    """At most ``per_minute`` units in any 60 s: a unit is free again 60 s after it was
+    spent, so a burst that spends the minute's quota at once waits up to a minute."""
+
+    per_minute: float
+    spent: deque[tuple[float, float]] = field(default_factory=deque)
+    """(when, cost), oldest first."""
+
+    def _expire(self, now_s: float) -> None:
+        while self.spent and self.spent[0][0] <= now_s - 60:
+            self.spent.popleft()
+
+    def wait_s(self, now_s: float, cost: float) -> float:
+        self._expire(now_s)
+        excess = sum(c for _, c in self.spent) + cost - max(cost, self.per_minute)
+        for at_s, spent in self.spent:
+            if excess <= 0:
+                break
+            excess -= spent
+            if excess <= 0:
+                return at_s + 60 - now_s
+        return 0.0
+
+    def take(self, now_s: float, cost: float) -> None:
+        self.spent.append((now_s, cost))
+
+    def remaining(self, now_s: float) -> float:
+        return self.per_minute - sum(c for _, c in self.spent)
+
+    def reset_s(self, now_s: float) -> float:
+        return self.spent[-1][0] + 60 - now_s if self.spent else 0.0
 
 
 @dataclass(frozen=True)
@@ -78,12 +136,19 @@ class RateLimitedProvider:
         rpm: float,
         tpm: float,
         *,
+        limiter: str = "bucket",
         burst_s: float = 1.0,
         reply_words: int = 40,
         chunk_s: float = 0.02,
     ) -> None:
-        self.requests = Bucket(rpm, burst_s)
-        self.tokens = Bucket(tpm, burst_s)
+        self.requests: Limit
+        self.tokens: Limit
+        if limiter == "bucket":
+            self.requests, self.tokens = Bucket(rpm, burst_s), Bucket(tpm, burst_s)
+        elif limiter == "window":
+            self.requests, self.tokens = Window(rpm), Window(tpm)
+        else:
+            raise ValueError(f"limiter {limiter!r}: bucket or window")
         self.reply_words = reply_words
         self.chunk_s = chunk_s
         self.served: list[Served] = []
@@ -103,21 +168,17 @@ class RateLimitedProvider:
         seconds (0 if taken) and the ``x-ratelimit-*`` headers after it."""
         now_s = time.monotonic()
         with self._lock:
-            self.requests.refill(now_s, 1)
-            self.tokens.refill(now_s, tokens)
-            wait_s = max(self.requests.wait_s(1), self.tokens.wait_s(tokens))
+            wait_s = max(self.requests.wait_s(now_s, 1), self.tokens.wait_s(now_s, tokens))
             if wait_s == 0:
-                self.requests.level -= 1
-                self.tokens.level -= tokens
+                self.requests.take(now_s, 1)
+                self.tokens.take(now_s, tokens)
             self.served.append(Served(time.time(), 200 if wait_s == 0 else 429, tokens))
-            headers = {
-                "x-ratelimit-limit-requests": str(int(self.requests.per_minute)),
-                "x-ratelimit-limit-tokens": str(int(self.tokens.per_minute)),
-                "x-ratelimit-remaining-requests": str(max(0, math.floor(self.requests.level))),
-                "x-ratelimit-remaining-tokens": str(max(0, math.floor(self.tokens.level))),
-                "x-ratelimit-reset-requests": f"{self.requests.reset_s(1):.3f}s",
-                "x-ratelimit-reset-tokens": f"{self.tokens.reset_s(tokens):.3f}s",
-            }
+            headers = {}
+            for name, limit in (("requests", self.requests), ("tokens", self.tokens)):
+                headers[f"x-ratelimit-limit-{name}"] = str(int(limit.per_minute))
+                remaining = max(0, math.floor(limit.remaining(now_s)))
+                headers[f"x-ratelimit-remaining-{name}"] = str(remaining)
+                headers[f"x-ratelimit-reset-{name}"] = f"{limit.reset_s(now_s):.3f}s"
         return wait_s, headers
 
     def first_chunk(self, user_text: str) -> None:
