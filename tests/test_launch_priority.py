@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 
@@ -16,7 +17,11 @@ from dormant.messages import Item, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.stores.base import Priority
+from dormant.stores.sql.store import SQLStore
 from tests.harness import Harness
+from tests.test_cli_errors import REFUSED, assert_one_error_line, empty_dir, migrated, run
+
+__all__ = ["empty_dir", "migrated"]  # the CLI cases' fixtures, shared with test_cli_errors
 
 hold_started = threading.Event()
 hold_release = threading.Event()
@@ -108,3 +113,24 @@ def test_local_system_runs_user_text_before_threads_launched_in_the_background()
         system.run_until_idle(timeout_s=60)
     assert completions[0] == user, completions
     assert sorted(completions[1:]) == sorted([*burst, holder])
+
+
+def test_dormant_launch_takes_a_priority_and_refuses_an_unknown_one(
+    empty_dir: Path, migrated: str
+) -> None:
+    launched = run(
+        empty_dir,
+        *("launch", "calc", "hi", "--thread-id", "thr_1", "--priority", "background"),
+        DORMANT_DATABASE_URL=migrated,  # the broker is down: the thread is saved, not woken
+    )
+    assert launched.code == 0 and launched.out == "thr_1\n", launched.err
+    wrong = run(
+        empty_dir, "launch", "calc", "hi", "--priority", "urgent", DORMANT_DATABASE_URL=migrated
+    )
+    assert_one_error_line(wrong, REFUSED, "priority 'urgent' is not one of")
+    store = SQLStore(migrated)
+    try:
+        assert [t.id for t in store.threads()] == ["thr_1"]
+        assert [r.priority for r in store.inbox("thr_1")] == [Priority.BACKGROUND]
+    finally:
+        store.close()
