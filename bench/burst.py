@@ -8,7 +8,7 @@ settings, a local OpenAI-compatible server (``bench/burst_provider.py``) that al
 ``--rpm`` requests and ``--tpm`` tokens a minute and answers 429 with the exact
 ``Retry-After`` past them; ``--users`` user-facing threads that already exist; then
 ``--agents`` threads launched at once as background (a webhook burst) and, ``--user-after-s``
-later, user text for each user-facing thread. Each run has its own PostgreSQL database
+after the last launch, user text for each user-facing thread. Each run has its own PostgreSQL database
 (``dormant_bench_<hex>``, dropped after) and Redis key prefix (db ``--redis-db``).
 
 Reported for each run, side by side: wall time of the burst (launch to the last agent's
@@ -240,23 +240,18 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
     sent_at: dict[str, float] = {}
     texts: dict[str, str] = {}
     started = time.time()
-
-    def send_user_text() -> None:
-        time.sleep(max(0.0, started + s.user_after_s - time.time()))
-        with Client.from_env(d.env) as sender:
-            for thread_id in users:
-                texts[thread_id] = f"{thread_id}: where is my order? ({secrets.token_hex(4)})"
-                sent_at[thread_id] = time.time()
-                sender.send(thread_id, texts[thread_id])
-
-    sender = threading.Thread(target=send_user_text)
-    sender.start()
     for n in range(s.agents):
         d.client.launch(
             "burst", f"webhook event {n}", thread_id=f"burst_{n}", priority=s.burst_priority
         )
     launched_s = time.time() - started
-    sender.join()
+    # "At once": the user text comes user_after_s after the last launch, however long a
+    # busy machine took to make the launches.
+    time.sleep(s.user_after_s)
+    for thread_id in users:
+        texts[thread_id] = f"{thread_id}: where is my order? ({secrets.token_hex(4)})"
+        sent_at[thread_id] = time.time()
+        d.client.send(thread_id, texts[thread_id])
 
     ideal_s = s.agents / s.rpm * 60
     timeout_s = max(300.0, 5 * ideal_s)
