@@ -6,20 +6,26 @@ The Celery queues are tested on a real worker in tests/celery/test_celery_launch
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, cast
 
 import pytest
 
-from dormant import Agent, LocalSystem, tool
+from dormant import Agent, Client, LocalSystem, Settings, tool
 from dormant.errors import ConfigurationError
 from dormant.messages import Item, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.stores.base import Priority
+from dormant.stores.memory.store import MemoryStore
+from dormant.stores.memory.sync import MemoryDedup
 from dormant.stores.sql.store import SQLStore
 from tests.harness import Harness
 from tests.test_cli_errors import REFUSED, assert_one_error_line, empty_dir, migrated, run
+
+if TYPE_CHECKING:
+    from dormant.stores.redis import RedisEvents
 
 __all__ = ["empty_dir", "migrated"]  # the CLI cases' fixtures, shared with test_cli_errors
 
@@ -134,3 +140,28 @@ def test_dormant_launch_takes_a_priority_and_refuses_an_unknown_one(
         assert [r.priority for r in store.inbox("thr_1")] == [Priority.BACKGROUND]
     finally:
         store.close()
+
+
+def test_launch_on_commit_keeps_its_priority_and_refuses_a_wrong_one_before_the_commit() -> None:
+    hooks: list[Callable[[], object]] = []
+    wakes: list[tuple[str, int]] = []
+
+    def wake(thread_id: str, priority: int) -> bool:
+        wakes.append((thread_id, priority))
+        return True
+
+    client = Client(
+        MemoryStore(),
+        MemoryDedup(),
+        Settings().with_ephemeral_secret(),
+        waker=wake,
+        events=cast("RedisEvents", None),  # nothing here reads events
+        on_commit=hooks.append,
+    )
+    with pytest.raises(ConfigurationError):
+        client.launch_on_commit("a", "hi", priority="later")
+    assert hooks == []  # refused in the caller's transaction, not after its commit
+    t = client.launch_on_commit("a", "hi", priority="background")
+    for hook in hooks:
+        hook()  # the caller's transaction commits
+    assert wakes == [(t, Priority.BACKGROUND)]
