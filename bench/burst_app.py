@@ -67,6 +67,8 @@ def instrument_retry_sleep() -> bool:
 
 
 INSTRUMENTED = instrument_retry_sleep()
+# The driver reports no slot time asleep rather than a false 0 if the wrapping failed.
+_redis().set(key(Settings.from_env().key_prefix, "instrumented"), int(INSTRUMENTED))
 
 AGENTS = [
     Agent(
