@@ -58,6 +58,7 @@ bench: bench-env
 		--langgraph-waves 10,10,10
 	$(BIN)/python bench/celery_throughput.py --quick
 	$(BIN)/python bench/mcp_calls.py
+	$(BIN)/python bench/burst.py --agents 100 --rpm 300 --user-after-s 5
 	$(BENCH_PLOT)/bin/python bench/plots.py
 
 bench-full: bench-env
@@ -65,6 +66,7 @@ bench-full: bench-env
 	$(BIN)/python bench/reference.py --waves 1000,4000,5000,10000 --sqlite-waves 100,200,400 \
 		--langgraph-waves 100,200,400 --out bench/results/full/reference.json
 	$(BIN)/python bench/celery_throughput.py --out bench/results/full/celery.json
+	$(BIN)/python bench/burst.py --agents 2000 --rpm 400 --out bench/results/full/burst.json
 	$(BENCH_PLOT)/bin/python bench/plots.py --results bench/results/full --out bench/results/full
 
 clean:

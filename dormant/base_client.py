@@ -118,6 +118,7 @@ class BaseClient(ABC):
         metadata: dict[str, Any] | None = None,
         message_id: str | None = None,
         budget: Budget | None = None,
+        priority: Priority | str = Priority.INTERACTIVE,
     ) -> str:
         """Start a thread of ``agent`` with user ``text``; returns the thread id.
 
@@ -127,7 +128,11 @@ class BaseClient(ABC):
         Retry-safe with a chosen ``thread_id``: launching it again with the same agent and
         text returns the id and creates nothing (the first message is ``launch:<thread_id>``
         unless ``message_id`` says otherwise).
+
+        ``priority`` is the first slice's: "interactive" (the default: a person waits on
+        it) or "background" (a webhook, a schedule, a batch: it queues behind user text).
         """
+        priority = Priority.of(priority)
         if self.agents is not None:
             self.agents.get_agent(agent)
         chosen = thread_id is not None
@@ -139,7 +144,7 @@ class BaseClient(ABC):
             id=thread_id,
             agent=agent,
             metadata=with_budget(metadata, budget),
-            messages=[(message_id, first, Priority.INTERACTIVE)],
+            messages=[(message_id, first, priority)],
         )
         try:
             self.store.create_thread(new)  # one transaction: the thread with its message
@@ -149,23 +154,23 @@ class BaseClient(ABC):
                 raise MessageRejected(
                     f"thread {thread_id!r} exists already, for agent {existing!r}"
                 ) from None
-            self._relaunch(thread_id, message_id, text)
+            self._relaunch(thread_id, message_id, text, priority)
             return thread_id
-        self._wake_saved(thread_id, Priority.INTERACTIVE)
+        self._wake_saved(thread_id, priority)
         return thread_id
 
-    def _relaunch(self, thread_id: str, message_id: str, text: str) -> None:
+    def _relaunch(self, thread_id: str, message_id: str, text: str, priority: Priority) -> None:
         """A launch of a thread that exists: queue its first message if a store of an older
         version created the thread without it, and wake it (the first wake may have failed)."""
         try:
-            self._enqueue(thread_id, message_id, UserMessage(text=text), Priority.INTERACTIVE)
+            self._enqueue(thread_id, message_id, UserMessage(text=text), priority)
         except DuplicateMessage:
             if not self._launched_with(thread_id, message_id, text):
                 raise MessageRejected(
                     f"thread {thread_id!r} was already launched (message {message_id!r}) "
                     "with other text"
                 ) from None
-            self._wake_saved(thread_id, Priority.INTERACTIVE)
+            self._wake_saved(thread_id, priority)
 
     def _launched_with(self, thread_id: str, message_id: str, text: str) -> bool:
         """Whether ``message_id`` of the thread is user ``text`` (a retried launch): its

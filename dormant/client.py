@@ -18,7 +18,7 @@ from dormant.budget import Budget
 from dormant.errors import ConfigurationError
 from dormant.messages import Event
 from dormant.settings import Settings
-from dormant.stores.base import DedupSet, Lease, OutboxRow, Store
+from dormant.stores.base import DedupSet, Lease, OutboxRow, Priority, Store
 
 if TYPE_CHECKING:
     from celery import Celery
@@ -176,6 +176,7 @@ class Client(BaseClient):
         thread_id: str | None = None,
         metadata: dict[str, Any] | None = None,
         message_id: str | None = None,
+        priority: Priority | str = Priority.INTERACTIVE,
         connection: CallerTransaction | None = None,
         budget: Budget | None = None,
     ) -> str:
@@ -187,6 +188,7 @@ class Client(BaseClient):
             "metadata": metadata,
             "message_id": message_id,
             "budget": budget,
+            "priority": priority,
         }
         if connection is not None:
             return self.in_transaction(connection).launch(agent, text, **options)
@@ -240,6 +242,7 @@ class Client(BaseClient):
         metadata: dict[str, Any] | None = None,
         message_id: str | None = None,
         budget: Budget | None = None,
+        priority: Priority | str = Priority.INTERACTIVE,
     ) -> str:
         """Launch once the caller's transaction commits; nothing if it rolls back.
 
@@ -250,6 +253,7 @@ class Client(BaseClient):
         does not, where dormant shares the caller's database.
         """
         on_commit = self._require_on_commit()
+        priority = Priority.of(priority)  # refused now, not after the caller's commit
         if self.agents is not None:
             self.agents.get_agent(agent)
         thread_id = thread_id or new_thread_id()
@@ -261,6 +265,7 @@ class Client(BaseClient):
                 metadata=metadata,
                 message_id=message_id,
                 budget=budget,
+                priority=priority,
             )
         )
         return thread_id

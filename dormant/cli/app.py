@@ -179,10 +179,17 @@ def launch(
         "--agents",
         help="Module defining the agents (default DORMANT_AGENTS): refuses unknown names.",
     ),
+    priority: str = typer.Option(
+        "interactive",
+        "--priority",
+        help="interactive (a person waits) or background (queued behind user text).",
+    ),
 ) -> None:
     """Start a thread of AGENT with user TEXT; prints its id (needs the DORMANT_* URLs)."""
     with open_client(agents) as client:
-        launched = client.launch(agent, text, thread_id=thread_id, message_id=message_id)
+        launched = client.launch(
+            agent, text, thread_id=thread_id, message_id=message_id, priority=priority
+        )
         typer.echo(launched)
 
 

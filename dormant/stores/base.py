@@ -12,6 +12,7 @@ from datetime import datetime
 from enum import IntEnum, StrEnum
 from typing import Any, Protocol
 
+from dormant.errors import ConfigurationError
 from dormant.messages import Inbound, Item, Usage
 
 __all__ = [
@@ -47,6 +48,19 @@ class Priority(IntEnum):
 
     INTERACTIVE = 8
     BACKGROUND = 4
+
+    @classmethod
+    def of(cls, value: Priority | str) -> Priority:
+        """A launch's ``priority=``: a member, or its name in lower case ("interactive",
+        "background"). Anything else is refused, so a typo never launches at a wrong queue."""
+        if isinstance(value, Priority):
+            return value
+        if isinstance(value, str) and value in ("interactive", "background"):
+            return cls[value.upper()]
+        raise ConfigurationError(
+            f"priority {value!r} is not one of 'interactive', 'background' "
+            "(or Priority.INTERACTIVE, Priority.BACKGROUND)"
+        )
 
 
 class ThreadStatus(StrEnum):
