@@ -229,7 +229,8 @@ class Prepared:
             .join(threads, threads.c.id == inbox.c.thread_id)
             .where(is_pending(inbox), threads.c.status != ThreadStatus.STALLED.value)
             .group_by(inbox.c.thread_id)
-            .order_by(func.min(inbox.c.id))
+            # user text first, then the longest waiting
+            .order_by(func.max(inbox.c.priority).desc(), func.min(inbox.c.id))
             .limit(bindparam("limit"))
         )
         self.threads_to_wake: Select[Any] = wake

@@ -220,6 +220,9 @@ class SQLStore(SQLRetention, SQLClaims):
             updated_at=_now(),
         )
 
+    def defer(self, thread_id: str, not_before: datetime) -> None:
+        self._update_thread(thread_id, retry_at=as_utc(not_before))
+
     def record_failure(
         self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
     ) -> ThreadInfo:
