@@ -15,6 +15,7 @@ from dormant.models.base import (
     ToolChoice,
     ToolSpec,
 )
+from dormant.models.rate_limit import RateLimit
 from dormant.models.scripted import ScriptedModel, call, reply
 from dormant.models.simulated import SimulatedModel
 
@@ -30,6 +31,7 @@ __all__ = [
     "ModelRequest",
     "ModelSettings",
     "OpenAIModel",
+    "RateLimit",
     "ScriptedModel",
     "SimulatedModel",
     "ToolChoice",
