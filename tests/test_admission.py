@@ -122,6 +122,8 @@ def test_the_provider_drains_the_bucket_until_its_reset() -> None:
     assert limiter.acquire("b", limit, _ask(interactive=True)) == 0
     limiter.feedback("b", limit, ProviderLimits(retry_after_s=30))
     assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(30)
+    clock.now_s += 30  # empty at the provider's time: no burst, one request per 0.6 s
+    assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(0.6)
 
 
 def test_openai_and_anthropic_rate_limit_headers_are_read() -> None:
@@ -268,7 +270,7 @@ def test_a_429_with_retry_after_defers_the_thread_without_sleeping(store: Store)
     assert store.thread(thread_id).failures == 0
     # the bucket is drained for everyone until the provider's time
     assert limiter.acquire("scripted", RateLimit(rpm=100), _ask()) == pytest.approx(30)
-    clock.now_s += 30
+    clock.now_s += 31  # refilled from the provider's time on: one request after 0.6 s
     model.limited = False
     assert isinstance(h.step(thread_id), Idle)
     assert slept == []

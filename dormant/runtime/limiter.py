@@ -83,7 +83,10 @@ class Limiter(Protocol):
         ...
 
     def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
-        """What the provider said: drain the bucket until its ``retry-after`` or reset."""
+        """What the provider said. A ``retry-after`` (a 429) empties the bucket and starts
+        refilling it only then, so the calls that follow come at the bucket's rate instead
+        of in a burst the provider refuses again; ``remaining`` caps the bucket, and none
+        remaining blocks it until the reset."""
         ...
 
     def count(self, counter: str, amount: float = 1.0) -> None:
@@ -147,8 +150,11 @@ class MemoryLimiter:
         with self._lock:
             now = self._clock()
             state = self._refilled(bucket, limit, now)
-            if said.retry_after_s is not None:
+            if said.retry_after_s is not None:  # a 429: empty, refilled from its time on
                 state.blocked_until_s = max(state.blocked_until_s, now + said.retry_after_s)
+                state.requests = min(state.requests, 0.0)
+                state.tokens = min(state.tokens, 0.0)
+                state.at_s = max(state.at_s, state.blocked_until_s)
             for remaining, reset_s, kind in (
                 (said.requests_remaining, said.requests_reset_s, "requests"),
                 (said.tokens_remaining, said.tokens_reset_s, "tokens"),
@@ -174,12 +180,13 @@ class MemoryLimiter:
         state = self._buckets.get(bucket)
         if state is None:
             state = self._buckets[bucket] = _Bucket(limit.rpm or 0.0, limit.tpm or 0.0, now)
-        elapsed_s = max(0.0, now - state.at_s)
-        if limit.rpm:
-            state.requests = min(limit.rpm, state.requests + elapsed_s * limit.rpm / 60)
-        if limit.tpm:
-            state.tokens = min(limit.tpm, state.tokens + elapsed_s * limit.tpm / 60)
-        state.at_s = now
+        if now > state.at_s:  # after a 429, refilling starts only at the provider's time
+            elapsed_s = now - state.at_s
+            if limit.rpm:
+                state.requests = min(limit.rpm, state.requests + elapsed_s * limit.rpm / 60)
+            if limit.tpm:
+                state.tokens = min(limit.tpm, state.tokens + elapsed_s * limit.tpm / 60)
+            state.at_s = now
         state.slots = {slot: until for slot, until in state.slots.items() if until > now}
         state.tails = {flow: tail for flow, tail in state.tails.items() if tail > now}
         return state

@@ -43,12 +43,14 @@ local r = tonumber(state[1]) or rpm
 local tk = tonumber(state[2]) or tpm
 local at = tonumber(state[3]) or now
 local blocked = tonumber(state[4]) or 0
-local elapsed = math.max(0, now - at)
-if rpm > 0 then r = math.min(rpm, r + elapsed * rpm / 60000) end
-if tpm > 0 then tk = math.min(tpm, tk + elapsed * tpm / 60000) end
+if now > at then
+  if rpm > 0 then r = math.min(rpm, r + (now - at) * rpm / 60000) end
+  if tpm > 0 then tk = math.min(tpm, tk + (now - at) * tpm / 60000) end
+  at = now
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local function save()
-  redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(tk), 'at', tostring(now),
+  redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(tk), 'at', tostring(at),
     'blocked', tostring(blocked))
   redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(120000, blocked - now + 60000)))
 end
@@ -133,7 +135,12 @@ local function arg(i)
   return tonumber(ARGV[i])
 end
 local retry = arg(5)
-if retry then blocked = math.max(blocked, now + retry) end
+if retry then
+  blocked = math.max(blocked, now + retry)
+  if rpm > 0 then r = math.min(r, 0) end
+  if tpm > 0 then tk = math.min(tk, 0) end
+  at = math.max(at, blocked)
+end
 local rrem, rreset, trem, treset = arg(6), arg(7), arg(8), arg(9)
 if rrem then
   if rpm > 0 then r = math.min(r, rrem) end
