@@ -44,7 +44,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from dormant.models.rate_limit import ProviderLimits
+    from dormant.rate_limit import ProviderLimits
     from dormant.runtime.idle import IdleReport
 
 __all__ = [

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dormant.errors import ConfigurationError
-from dormant.models.rate_limit import RateLimit
+from dormant.rate_limit import RateLimit
 
 __all__ = ["ENV_NAMES", "Settings"]
 

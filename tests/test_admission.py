@@ -16,7 +16,7 @@ from dormant.errors import ConfigurationError, ModelRetryable
 from dormant.messages import Item, UserMessage
 from dormant.models import OpenAIModel, RateLimit, ScriptedModel, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
-from dormant.models.rate_limit import ProviderLimits, provider_limits
+from dormant.rate_limit import ProviderLimits, provider_limits
 from dormant.runtime.admission import limit_for
 from dormant.runtime.limiter import Ask, MemoryLimiter
 from dormant.runtime.slice import Deferred, Idle

@@ -15,9 +15,9 @@ from dormant.models.base import (
     ToolChoice,
     ToolSpec,
 )
-from dormant.models.rate_limit import RateLimit
 from dormant.models.scripted import ScriptedModel, call, reply
 from dormant.models.simulated import SimulatedModel
+from dormant.rate_limit import RateLimit
 
 if TYPE_CHECKING:
     from dormant.models.anthropic_model import AnthropicModel

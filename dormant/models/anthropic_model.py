@@ -35,9 +35,9 @@ from dormant.messages import ToolCall, Usage
 from dormant.models import anthropic_wire
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.models.provider_errors import status_error, truncated
-from dormant.models.rate_limit import RateLimit
 from dormant.models.sdk import SDKModel, keep_rate_headers
 from dormant.models.wire import parse_arguments
+from dormant.rate_limit import RateLimit
 
 __all__ = ["AnthropicModel"]
 

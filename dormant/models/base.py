@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from dormant.messages import Item, ToolCall, Usage
-from dormant.models.rate_limit import ProviderLimits
+from dormant.rate_limit import ProviderLimits
 
 __all__ = [
     "TOOL_CHOICE_MODES",

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from dormant.errors import ModelError, ModelFatal, ModelRetryable
-from dormant.models.rate_limit import provider_limits
+from dormant.rate_limit import provider_limits
 
 __all__ = ["RETRYABLE_STATUSES", "retry_after_s", "status_error", "truncated"]
 

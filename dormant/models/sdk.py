@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
 
 from dormant.models.base import ChunkSink, Completion, ModelRequest
-from dormant.models.rate_limit import RateLimit, provider_limits
+from dormant.rate_limit import RateLimit, provider_limits
 
 __all__ = ["LazyClient", "SDKModel", "TurnBuilder", "keep_rate_headers"]
 

@@ -25,8 +25,8 @@ from datetime import datetime, timedelta
 
 from dormant.errors import ModelRetryable, Throttled
 from dormant.models.base import ChunkSink, Completion, Model, ModelRequest
-from dormant.models.rate_limit import ProviderLimits, RateLimit
 from dormant.models.retry import backoff_s, complete_with_retry
+from dormant.rate_limit import ProviderLimits, RateLimit
 from dormant.runtime.deps import SliceDeps
 from dormant.runtime.limiter import THROTTLED_S, Ask, Limiter
 from dormant.runtime.outcomes import Deferred

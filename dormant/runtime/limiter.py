@@ -11,9 +11,9 @@ unused, so user text is admitted at once during a burst. A refused background as
 a place in its flow's queue (its agent, or its tenant): each flow's refusals are spaced by
 the bucket's rate times the number of flows waiting, divided by the flow's weight, so
 capacity coming back is shared between agents instead of going to whichever launched the
-most threads. User text gets no place in a queue: refused (its reserve spent), it waits only
-until the bucket can take it, ahead of every background place. ``RedisLimiter`` (``stores/redis_limiter.py``) is the same algorithm in one
-Lua script, shared by every worker.
+most threads. User text gets no place in a queue: refused (its reserve spent), it waits
+only until the bucket can take it, ahead of every background place. ``RedisLimiter``
+(``stores/redis_limiter.py``) is the same algorithm in Lua, shared by every worker.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from dormant.models.rate_limit import ProviderLimits, RateLimit
+from dormant.rate_limit import ProviderLimits, RateLimit
 
 __all__ = [
     "CONCURRENCY_SPACING_S",

@@ -19,7 +19,7 @@ from typing import cast
 
 import redis
 
-from dormant.models.rate_limit import ProviderLimits, RateLimit
+from dormant.rate_limit import ProviderLimits, RateLimit
 from dormant.runtime.limiter import (
     CONCURRENCY_SPACING_S,
     COUNTERS,

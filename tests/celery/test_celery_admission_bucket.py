@@ -18,7 +18,7 @@ from conftest import REDIS_URL, wait_until
 from dormant import Agent
 from dormant.messages import UserMessage
 from dormant.models import RateLimit, ScriptedModel, reply
-from dormant.models.rate_limit import ProviderLimits
+from dormant.rate_limit import ProviderLimits
 from dormant.runtime.limiter import Ask
 from dormant.runtime.slice import Deferred, Idle
 from dormant.runtime.sweeper import sweep_once
