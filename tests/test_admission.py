@@ -13,7 +13,7 @@ import pytest
 
 from dormant import Agent, LocalSystem, Settings
 from dormant.errors import ConfigurationError, ModelRetryable
-from dormant.messages import Item, UserMessage
+from dormant.messages import Item, UserMessage, UserText
 from dormant.models import OpenAIModel, RateLimit, ScriptedModel, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.rate_limit import ProviderLimits, provider_limits
@@ -352,3 +352,55 @@ def test_a_local_system_with_limits_finishes_every_thread() -> None:
         counters = system.deps.limiter.counters()  # type: ignore[union-attr]
     assert most == 1
     assert counters["admitted"] == 6 and counters["deferred"] >= 1
+
+
+# The providers' headers, through the real SDKs ----------------------------------------------
+
+
+def test_the_openai_model_hands_on_what_the_provider_said_about_its_limits() -> None:
+    from dataclasses import replace as with_headers
+
+    from tests.fake_providers import FakeProvider, openai_error, openai_stream
+
+    said = {"x-ratelimit-remaining-requests": "41", "x-ratelimit-reset-requests": "12s"}
+    refused = {"retry-after": "7", "x-ratelimit-remaining-tokens": "0"}
+    with FakeProvider.openai() as fake:
+        fake.script(
+            with_headers(openai_stream(["hi"]), headers=said),
+            openai_error(429, "slow down", refused),
+        )
+        model = OpenAIModel("gpt-test", base_url=fake.base_url, api_key="k")
+        request = ModelRequest("t", "", (UserText(text="hello"),), ())
+        completion = model.complete(request, lambda _: None)
+        assert completion.limits == ProviderLimits(requests_remaining=41, requests_reset_s=12)
+        with pytest.raises(ModelRetryable) as error:
+            model.complete(request, lambda _: None)
+        model.close()
+    assert error.value.status == 429 and error.value.retry_after_s == 7
+    assert error.value.limits == ProviderLimits(retry_after_s=7, tokens_remaining=0)
+
+
+def test_the_anthropic_model_hands_on_what_the_provider_said_about_its_limits() -> None:
+    from dataclasses import replace as with_headers
+
+    from dormant.models import AnthropicModel
+    from tests.fake_providers import FakeProvider, anthropic_error, anthropic_stream
+
+    said = {
+        "anthropic-ratelimit-tokens-remaining": "0",
+        "anthropic-ratelimit-tokens-reset": "2099-01-01T00:00:00Z",
+    }
+    with FakeProvider.anthropic() as fake:
+        fake.script(
+            with_headers(anthropic_stream(["hi"]), headers=said),
+            anthropic_error(429, "rate_limit_error", "slow down", {"retry-after": "3"}),
+        )
+        model = AnthropicModel("claude-test", base_url=fake.base_url, api_key="k")
+        request = ModelRequest("t", "", (UserText(text="hello"),), ())
+        limits = model.complete(request, lambda _: None).limits
+        assert limits is not None and limits.tokens_remaining == 0
+        assert limits.tokens_reset_s is not None and limits.tokens_reset_s > 3600
+        with pytest.raises(ModelRetryable) as error:
+            model.complete(request, lambda _: None)
+        model.close()
+    assert error.value.status == 429 and error.value.retry_after_s == 3

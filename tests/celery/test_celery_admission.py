@@ -83,6 +83,7 @@ def test_a_burst_past_the_providers_rpm_finishes_with_almost_no_429(
         )
         assert beat.alive()
         counters = RedisLimiter(d.redis, d.prefix).counters()
+        print(f"{BURST} threads at {RPM} RPM: {server.refused} 429s, counters {counters}")
     assert server.answered == BURST
     assert server.refused <= 2, f"{server.refused} 429s"
     # a minute's requests went at once; the rest (less what refilled while beat woke them,
