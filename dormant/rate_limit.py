@@ -31,8 +31,9 @@ class RateLimit:
     characters, plus its ``max_tokens`` or else ``output_tokens``) and corrected by the
     completion's usage after. Models naming the same ``bucket`` share it (several models
     on one key); by default the bucket is the model's name and base URL. Background work
-    leaves ``reserve`` of each limit to slices woken by user text, so a user's message is
-    admitted at once even while a burst of background threads queues.
+    leaves ``reserve`` of each limit to slices woken by user text (at least one request,
+    and one concurrent call of two or more), so a user's message is admitted at once even
+    while a burst of background threads queues.
     """
 
     rpm: float | None = None

@@ -98,6 +98,16 @@ def test_background_work_leaves_the_reserve_to_user_text() -> None:
     assert limiter.acquire("b", limit, _ask("user", interactive=True)) == 0
 
 
+def test_background_work_leaves_a_concurrency_slot_to_user_text() -> None:
+    limiter = MemoryLimiter(Clock())
+    limit = RateLimit(concurrency=4, reserve=0.05)
+    background = [limiter.acquire("b", limit, _ask(f"bg{n}")) for n in range(4)]
+    assert background.count(0.0) == 3
+    assert limiter.acquire("b", limit, _ask("user", interactive=True)) == 0
+    alone = RateLimit(concurrency=1, reserve=0.05)  # one slot: nothing to keep back
+    assert limiter.acquire("alone", alone, _ask("bg")) == 0
+
+
 def test_refused_background_asks_queue_fairly_by_flow_and_weight() -> None:
     limiter = MemoryLimiter(Clock())
     limit = RateLimit(rpm=60, reserve=0.0)

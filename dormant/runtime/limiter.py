@@ -206,10 +206,17 @@ def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float) -> float:
         if state.tokens < need:
             wait_s = max(wait_s, (need - state.tokens) * 60 / limit.tpm)
     if limit.concurrency:
-        usable = limit.concurrency - math.floor(limit.concurrency * share)
+        usable = limit.concurrency - _reserved_slots(limit.concurrency, share)
         if len(state.slots) >= usable:
             wait_s = max(wait_s, min(SLOT_POLL_S, min(state.slots.values()) - now))
     return wait_s
+
+
+def _reserved_slots(concurrency: int, share: float) -> int:
+    """Slots background work leaves free: its share, at least one (of two or more)."""
+    if share <= 0:
+        return 0
+    return min(concurrency - 1, max(1, math.floor(concurrency * share)))
 
 
 def _queued_wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, wait_s: float) -> float:

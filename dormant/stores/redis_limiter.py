@@ -77,7 +77,9 @@ if tpm > 0 then
   if tk < need then wait = math.max(wait, (need - tk) * 60000 / tpm) end
 end
 if conc > 0 then
-  if redis.call('ZCARD', KEYS[2]) >= conc - math.floor(conc * share) then
+  local kept = 0
+  if share > 0 then kept = math.min(conc - 1, math.max(1, math.floor(conc * share))) end
+  if redis.call('ZCARD', KEYS[2]) >= conc - kept then
     local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
     wait = math.max(wait, math.min(poll, tonumber(first[2]) - now))
   end

@@ -95,6 +95,16 @@ def test_a_slot_held_by_a_killed_worker_comes_back_after_its_lease(
     wait_until(lambda: limiter.acquire("b", limit, _ask("fourth")) == 0, 5, "the dead slot's lease")
 
 
+def test_background_work_leaves_a_shared_concurrency_slot_to_user_text(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(concurrency=4, reserve=0.05)
+    background = [limiter.acquire("b", limit, _ask(f"bg{n}", interactive=False)) for n in range(4)]
+    assert background.count(0.0) == 3
+    assert limiter.acquire("b", limit, _ask("user")) == 0
+
+
 def test_the_provider_drains_the_shared_bucket_and_usage_corrects_it(
     redis_server: redis.Redis, prefix: str
 ) -> None:
