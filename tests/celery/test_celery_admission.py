@@ -1,7 +1,8 @@
 """Admission control on a real worker and beat: a burst of threads against a local
 OpenAI-compatible server that allows a small RPM and answers 429 with ``Retry-After`` past
 it. With ``DORMANT_RATE_LIMITS`` set, the workers share one bucket in Redis: every thread
-finishes, the server sees almost no 429, and no worker slot sleeps waiting for capacity."""
+finishes, the server sees almost no 429, no worker slot sleeps waiting for capacity, and
+user text sent while the burst queues is answered before the burst is done."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from dormant.stores.redis_limiter import RedisLimiter
 from tests.fake_providers import FakeProvider, Recorded, Reply, openai_error, openai_stream
 
 RPM = 120
-BURST = 130
+BURST = 150
 """Threads launched at once: more than a minute's requests, so some must wait."""
 
 
@@ -50,7 +51,7 @@ class RateLimitedProvider(FakeProvider):
         return openai_stream(["done"], usage=(40, 1, 0))
 
 
-def test_a_burst_past_the_providers_rpm_finishes_with_almost_no_429(
+def test_a_burst_past_the_providers_rpm_finishes_with_almost_no_429_and_users_first(
     deploy: Callable[..., Deployment],
 ) -> None:
     with RateLimitedProvider(RPM) as server:
@@ -70,11 +71,21 @@ def test_a_burst_past_the_providers_rpm_finishes_with_almost_no_429(
             first = (f"launch:{thread_id}", UserMessage(text="go"), Priority.BACKGROUND)
             client.store.create_thread(NewThread(id=thread_id, agent="limited", messages=[first]))
 
-        def finished() -> bool:
-            return all(row.state is InboxState.DONE for t in ids for row in client.store.inbox(t))
+        def finished(threads: list[str]) -> bool:
+            return all(
+                row.state is InboxState.DONE for t in threads for row in client.store.inbox(t)
+            )
 
+        limiter = RedisLimiter(d.redis, d.prefix)
+        wait_until(lambda: limiter.counters()["deferred"], 60, "the burst to spend the limit")
+        # user text now: admitted from the reserve, ahead of the queued background threads
+        sent = time.monotonic()
+        users = [client.launch("limited", f"a user asks {n}") for n in range(3)]
+        wait_until(lambda: finished(users), 30, "the users' threads", check=d.check_alive)
+        users_s = time.monotonic() - sent
+        assert not finished(ids), "the burst finished before the users were answered"
         wait_until(
-            finished,
+            lambda: finished(ids),
             90,
             "every thread of the burst to finish",
             check=d.check_alive,
@@ -82,9 +93,10 @@ def test_a_burst_past_the_providers_rpm_finishes_with_almost_no_429(
             detail=lambda: f" (server answered {server.answered}, refused {server.refused})",
         )
         assert beat.alive()
-        counters = RedisLimiter(d.redis, d.prefix).counters()
-        print(f"{BURST} threads at {RPM} RPM: {server.refused} 429s, counters {counters}")
-    assert server.answered == BURST
+        counters = limiter.counters()
+        print(f"{BURST} threads at {RPM} RPM: {server.refused} 429s, counters {counters},")
+        print(f"3 users answered {users_s:.2f} s after sending, while the burst queued")
+    assert server.answered == BURST + len(users)
     assert server.refused <= 2, f"{server.refused} 429s"
     # a minute's requests went at once; the rest (less what refilled while beat woke them,
     # a hundred a sweep) waited outside the worker slots
