@@ -330,6 +330,25 @@ def test_user_text_is_woken_before_background_threads_when_capacity_returns(
     assert sorted(t for t, _ in woken[1:]) == sorted(background)
 
 
+def test_user_text_for_a_deferred_thread_does_not_wait_for_its_place(store: Store) -> None:
+    model = ScriptedModel(lambda items: reply("done"))
+    h = Harness(Agent("a", model=model), store=store)
+    clock = Clock()
+    _limited(h, RateLimit(rpm=1, reserve=0.0), clock)
+    assert isinstance(h.step(_launch(h, "warm", Priority.BACKGROUND)), Idle)
+    thread_id = _launch(h, "job", Priority.BACKGROUND)
+    assert isinstance(h.step(thread_id), Deferred)
+    now = datetime.now(UTC)
+    assert _sweep_at(store, h, now) == []
+    # user text whose own wake was lost (a broker that dropped it): the sweeper wakes the
+    # thread for it at once, not at the background place
+    store.enqueue(thread_id, "user-1", UserMessage(text="and now?"), Priority.INTERACTIVE)
+    assert _sweep_at(store, h, now) == [(thread_id, Priority.INTERACTIVE)]
+    # a thread backing off after a failure still waits: that backoff protects the provider
+    store.record_failure(thread_id, "ModelRetryable: 500", 5, now + timedelta(hours=1))
+    assert _sweep_at(store, h, now) == []
+
+
 def test_a_local_system_with_limits_finishes_every_thread() -> None:
     running = 0
     most = 0

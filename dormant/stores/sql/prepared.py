@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from dormant.stores.base import InboxState, ThreadStatus
+from dormant.stores.base import InboxState, Priority, ThreadStatus
 from dormant.stores.sql.rows import is_pending, tables
 from dormant.stores.sql.tables import Schema, schema
 
@@ -239,6 +239,9 @@ class Prepared:
             or_(
                 threads.c.retry_at.is_(None),
                 threads.c.retry_at <= bindparam("now", type_=retry_type),
+                # deferred for model capacity (no failure): user text does not wait for
+                # the background thread's place, even when its own wake was lost
+                and_(threads.c.failures == 0, inbox.c.priority >= int(Priority.INTERACTIVE)),
             )
         )
 
