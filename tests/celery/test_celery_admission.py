@@ -104,3 +104,47 @@ def test_a_burst_past_the_providers_rpm_finishes_with_almost_no_429_and_users_fi
     assert counters["asleep_s"] == 0  # and no slot slept for capacity
     for thread_id in ids:
         assert [i.kind for i in client.history(thread_id)] == ["user", "assistant"]
+
+
+def test_flushing_redis_mid_burst_resets_the_limits_and_loses_no_thread(
+    deploy: Callable[..., Deployment],
+) -> None:
+    with RateLimitedProvider(RPM) as server:
+        d = deploy(
+            DORMANT_AGENTS="admission_agents",
+            TEST_FAKE_OPENAI_URL=server.base_url,
+            DORMANT_RATE_LIMITS=json.dumps({server.base_url: {"rpm": RPM}}),
+        )
+        worker = d.start_worker("w1", concurrency=8)
+        d.start_beat()
+        d.wait_ready(worker)
+        client = d.client()
+        ids = [f"thr_flush_{d.prefix}_{n}" for n in range(BURST)]
+        for thread_id in ids:
+            first = (f"launch:{thread_id}", UserMessage(text="go"), Priority.BACKGROUND)
+            client.store.create_thread(NewThread(id=thread_id, agent="limited", messages=[first]))
+        limiter = RedisLimiter(d.redis, d.prefix)
+        wait_until(lambda: limiter.counters()["deferred"], 60, "the burst to spend the limit")
+        _flush(d)  # buckets, slots, queue places, leases, wake marks: all gone
+        wait_until(
+            lambda: all(row.state is InboxState.DONE for t in ids for row in client.store.inbox(t)),
+            120,
+            "every thread of the burst to finish after the flush",
+            check=d.check_alive,
+            poll_s=0.5,
+        )
+        counters = limiter.counters()
+        print(f"flushed mid-burst: {server.refused} 429s, counters since the flush {counters}")
+    assert server.answered == BURST  # each thread's one completion, none lost or doubled
+    assert counters["asleep_s"] == 0  # 429s after the flush defer too: no slot sleeps
+    for thread_id in ids:
+        assert [i.kind for i in client.history(thread_id)] == ["user", "assistant"]
+
+
+def _flush(d: Deployment) -> None:
+    """What a FLUSHALL of dormant's Redis does to this deployment (the shared server's
+    other keys, and the broker's queues of this deployment, stay)."""
+    broker = f"{d.prefix}:broker:"
+    keys = [k for k in d.redis.scan_iter(match=f"{d.prefix}:*") if not k.startswith(broker)]
+    if keys:
+        d.redis.delete(*keys)
