@@ -303,7 +303,7 @@ def test_without_a_limit_a_429_is_retried_in_the_slot_and_the_sleep_counted() ->
     h.deps = replace(h.deps, sleep=after_one)
     assert isinstance(h.step(thread_id), Idle)
     assert slept == [30.0]  # today's behaviour: the provider's hint, slept in the slot
-    assert limiter.counters()["asleep_s"] == 30.0
+    assert limiter.counters()["asleep_s"] == 30.0 and limiter.counters()["rate_limited"] == 1
 
 
 def test_user_text_is_woken_before_background_threads_when_capacity_returns(

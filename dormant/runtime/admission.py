@@ -10,8 +10,9 @@ rate-limit headers drain the shared bucket until their reset; the completion's u
 corrects the token estimate. Other retryable failures (a 5xx, a dropped stream) are
 retried in the slot as before, each retry admitted again.
 
-A model without a limit keeps today's retry-with-sleep (``complete_with_retry``); the
-seconds slept are counted (``asleep_s``) so a deployment sees what its slots spend asleep.
+A model without a limit keeps today's retry-with-sleep (``complete_with_retry``); its 429s
+(``rate_limited``) and the seconds slept (``asleep_s``) are counted, so a deployment sees
+what its slots spend asleep.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def complete_admitted(
     found = limit_for(model, settings) if limiter is not None else None
     if limiter is None or found is None:
         return complete_with_retry(
-            model,
+            _Counted(model, limiter) if limiter is not None else model,
             request,
             on_chunk,
             attempts=settings.model_attempts,
@@ -141,6 +142,24 @@ def complete_admitted(
             limiter.feedback(bucket, limit, completion.limits)
         return completion
     raise AssertionError("unreachable: model_attempts must be >= 1")
+
+
+class _Counted:
+    """A model whose 429s are counted (``rate_limited``) on their way to the retry loop."""
+
+    def __init__(self, model: Model, limiter: Limiter) -> None:
+        self.name = model.name
+        self.context_window = model.context_window
+        self._model = model
+        self._limiter = limiter
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        try:
+            return self._model.complete(request, on_chunk)
+        except ModelRetryable as error:
+            if error.status == 429:
+                self._limiter.count("rate_limited")
+            raise
 
 
 def _resets(said: ProviderLimits) -> tuple[float | None, ...]:
