@@ -21,7 +21,7 @@ import logging
 import math
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from dormant.errors import ModelRetryable, Throttled
@@ -122,7 +122,7 @@ def complete_admitted(
             if error.status == 429:
                 limiter.count("rate_limited")
                 if said.retry_after_s is None:
-                    said = ProviderLimits(THROTTLED_S, *_resets(said))
+                    said = replace(said, retry_after_s=THROTTLED_S)
             if said:
                 limiter.feedback(bucket, limit, said)
             if error.status == 429:
@@ -160,15 +160,6 @@ class _Counted:
             if error.status == 429:
                 self._limiter.count("rate_limited")
             raise
-
-
-def _resets(said: ProviderLimits) -> tuple[float | None, ...]:
-    return (
-        said.requests_remaining,
-        said.requests_reset_s,
-        said.tokens_remaining,
-        said.tokens_reset_s,
-    )
 
 
 def _counted(sleep: Callable[[float], None], limiter: Limiter | None) -> Callable[[float], None]:
