@@ -288,6 +288,20 @@ def test_a_429_with_retry_after_defers_the_thread_without_sleeping(store: Store)
     assert limiter.counters()["rate_limited"] == 1
 
 
+def test_a_429_without_retry_after_defers_for_a_second() -> None:
+    class Bare:
+        name = "scripted"
+        context_window = 128_000
+
+        def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+            raise ModelRetryable("429 with no hint", status=429)
+
+    h = Harness(Agent("a", model=Bare()))
+    _limited(h, RateLimit(rpm=100), Clock())
+    outcome = h.step(h.launch("a", "hello"))
+    assert isinstance(outcome, Deferred) and outcome.wait_s == 1.0
+
+
 def test_without_a_limit_a_429_is_retried_in_the_slot_and_the_sleep_counted() -> None:
     model = _TooManyRequests()
     h = Harness(Agent("a", model=model))
