@@ -49,7 +49,8 @@ def _ask(slot: str, *, interactive: bool = True, ttl_s: float = 30.0, flow: str 
 def _hammer(url: str, prefix: str, worker: str, asks: int, limit: RateLimit) -> int:
     """One worker's admissions out of ``asks`` tries (run in threads and processes)."""
     limiter = RedisLimiter(redis.Redis.from_url(url, decode_responses=True), prefix)
-    return sum(limiter.acquire("b", limit, _ask(f"{worker}-{n}")) == 0 for n in range(asks))
+    asked = (_ask(f"{worker}-{n}", ttl_s=600) for n in range(asks))  # no slot lapses meanwhile
+    return sum(limiter.acquire("b", limit, ask) == 0 for ask in asked)
 
 
 def test_workers_hammering_the_bucket_never_get_more_than_its_limit(
