@@ -54,6 +54,9 @@ class Agent:
     close_after_idle_s: float | None = None
     budget: Budget = field(default_factory=Budget)
     prices: Mapping[str, Price] = field(default_factory=dict)
+    weight: float = 1.0
+    """This agent's share of model capacity when calls queue for admission (a weight 2
+    agent's deferred threads are woken twice as often as a weight 1 agent's)."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
@@ -69,6 +72,8 @@ class Agent:
             raise ConfigurationError(f"agent {self.name!r}: compact_at must be in (0, 1]")
         if self.close_after_idle_s is not None and not self.close_after_idle_s > 0:
             raise ConfigurationError(f"agent {self.name!r}: close_after_idle_s must be positive")
+        if not self.weight > 0:
+            raise ConfigurationError(f"agent {self.name!r}: weight must be positive")
 
     def tool(self, name: str) -> Tool | None:
         """The tool called ``name`` (built-ins included); never the reserved event name.

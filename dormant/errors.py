@@ -34,6 +34,7 @@
     └── ControlSignal               not failures: control flow between layers
         ├── LeaseLost               another slice owns the thread now
         ├── SteeredAway             new user text cancels a running completion
+        ├── Throttled               no model capacity now: the slice defers its thread
         └── CrashPoint              raised at an armed test crash point
 
 Every message names the offending id, so a log line is enough to find the thread.
@@ -44,6 +45,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from dormant.rate_limit import ProviderLimits
     from dormant.runtime.idle import IdleReport
 
 __all__ = [
@@ -77,6 +79,7 @@ __all__ = [
     "ThreadBusy",
     "ThreadClosed",
     "ThreadsFailed",
+    "Throttled",
     "Unavailable",
     "UnknownAgent",
     "UnknownCall",
@@ -312,11 +315,21 @@ class ModelError(DormantError):
 
 
 class ModelRetryable(ModelError):
-    """A failure worth retrying; ``retry_after_s`` is the provider's hint, if it gave one."""
+    """A failure worth retrying; ``retry_after_s`` is the provider's hint, if it gave one;
+    ``status`` its HTTP status (429: a rate limit) and ``limits`` its rate-limit headers."""
 
-    def __init__(self, message: str, retry_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        retry_after_s: float | None = None,
+        *,
+        status: int | None = None,
+        limits: ProviderLimits | None = None,
+    ) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        self.status = status
+        self.limits = limits
 
 
 class ModelFatal(ModelError):
@@ -342,6 +355,19 @@ class SteeredAway(ControlSignal):
     def __init__(self, thread_id: str) -> None:
         super().__init__(f"new user text for thread {thread_id!r} cancels the running completion")
         self.thread_id = thread_id
+
+
+class Throttled(ControlSignal):
+    """Admission refused a model call (or the provider answered 429): the slice ends
+    without consuming anything and its thread is woken after ``wait_s``."""
+
+    def __init__(self, thread_id: str, bucket: str, wait_s: float) -> None:
+        super().__init__(
+            f"thread {thread_id!r} waits {wait_s:.2f} s for model capacity in {bucket!r}"
+        )
+        self.thread_id = thread_id
+        self.bucket = bucket
+        self.wait_s = wait_s
 
 
 class CrashPoint(ControlSignal):

@@ -24,8 +24,10 @@ from dormant.base_client import BaseClient
 from dormant.errors import DormantError, LeaseLost, ThreadsFailed
 from dormant.messages import Chunk, Event
 from dormant.ops.prune import prune
+from dormant.runtime.admission import next_deferred
 from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.idle import IdleReport, failed_threads
+from dormant.runtime.limiter import MemoryLimiter
 from dormant.runtime.slice import SliceDeps, run_slice
 from dormant.runtime.sweeper import sweep_once
 from dormant.settings import Settings
@@ -133,6 +135,7 @@ class LocalSystem(BaseClient):
             events=self._log,
             agents=registry,
             settings=settings,
+            limiter=MemoryLimiter(),
         )
         # Tool runs a previous process dispatched but never ran died with it: re-dispatch
         # them now, before this process dispatches anything of its own.
@@ -210,14 +213,27 @@ class LocalSystem(BaseClient):
             self._raise_errors()
             if not self._sweep_once(grace_s=0.0):
                 with self._lock:
-                    if not self._in_flight:
-                        break
+                    busy = self._in_flight
+                if not busy and not self._wait_for_deferred(deadline):
+                    break
             if time.monotonic() > deadline:
                 raise TimeoutError(f"still busy after {timeout_s} s")
         report = failed_threads(self.store, since=self._opened_at)
         if raise_on_failure and not report.ok:
             raise ThreadsFailed(report)
         return report
+
+    def _wait_for_deferred(self, deadline: float) -> bool:
+        """Sleep until the first thread deferred for model capacity may run again (its
+        slice ended without consuming anything); False when none is deferred."""
+        due = next_deferred(self.store, datetime.now(UTC))
+        if due is None:
+            return False
+        wait_s = (due - datetime.now(UTC)).total_seconds()
+        if time.monotonic() + wait_s > deadline:
+            raise TimeoutError(f"threads still deferred for model capacity until {due:%X}")
+        self._stop.wait(timeout=max(0.0, wait_s))
+        return True
 
     def _run_slice(self, thread_id: str) -> None:
         with self._lock:

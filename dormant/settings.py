@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import secrets
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from dormant.errors import ConfigurationError
+from dormant.rate_limit import RateLimit
 
 __all__ = ["ENV_NAMES", "Settings"]
 
@@ -48,6 +50,7 @@ ENV_NAMES = {
     "prune_older_than_s": "DORMANT_PRUNE_OLDER_THAN_S",
     "prune_batch_size": "DORMANT_PRUNE_BATCH_SIZE",
     "prune_interval_s": "DORMANT_PRUNE_INTERVAL_S",
+    "rate_limits": "DORMANT_RATE_LIMITS",
 }
 
 
@@ -142,6 +145,11 @@ class Settings:
     """``dormant serve``'s webhook sources and their shared secrets, from
     ``DORMANT_WEBHOOK_SECRETS="github=key1,key2;other=key3"`` (every key verifies)."""
 
+    rate_limits: tuple[tuple[str, RateLimit], ...] = ()
+    """Admission limits by model name (``openai:gpt-4.1-mini``) or base URL, from
+    ``DORMANT_RATE_LIMITS='{"openai:gpt-4.1-mini": {"rpm": 500, "tpm": 200000}}'``; they
+    win over a model's own ``rate_limit`` (``runtime/admission.py``)."""
+
     table_prefix: str = ""
     """Prepended to every table dormant creates (``myapp_`` gives ``myapp_threads``...), so
     its tables cannot collide with an application's in a shared database; several
@@ -179,6 +187,8 @@ class Settings:
                 values[name] = _flag(var, raw)
             elif name == "webhook_secrets":
                 values[name] = _webhook_secrets(var, raw)
+            elif name == "rate_limits":
+                values[name] = _rate_limits(var, raw)
             elif name == "crash_points":
                 values[name] = frozenset(p.strip() for p in raw.split(",") if p.strip())
             elif isinstance(getattr(cls, name, None), float):
@@ -293,3 +303,16 @@ def _webhook_secrets(var: str, raw: str) -> tuple[tuple[str, tuple[str, ...]], .
             raise ConfigurationError(f"{var}: {name.strip()!r} is not source=key[,key...]")
         sources.append((name.strip(), parsed))
     return tuple(sources)
+
+
+def _rate_limits(var: str, raw: str) -> tuple[tuple[str, RateLimit], ...]:
+    try:
+        parsed = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ConfigurationError(f"{var} is not JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise ConfigurationError(f"{var} must be a JSON object keyed by model name or base URL")
+    return tuple(
+        (str(key), RateLimit.from_mapping(f"{var}[{key!r}]", value))
+        for key, value in parsed.items()
+    )

@@ -40,6 +40,7 @@ from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.slice import (
     Busy,
     Closed,
+    Deferred,
     Failed,
     Idle,
     Missing,
@@ -63,6 +64,7 @@ from dormant.stores.redis import (
     redis_client,
     wake_mark_ttl_s,
 )
+from dormant.stores.redis_limiter import RedisLimiter
 from dormant.tools.claims import held_claim
 from dormant.tools.outcomes import (
     AlreadyAnswered,
@@ -119,7 +121,18 @@ class Runtime:
         dispatcher = CeleryDispatcher(celery_app, marks, labels=store.labels)
         sink = Client(store, dedup, settings, waker=dispatcher.wake, events=events, agents=agents)
         ending = RedisSliceEnd(client, lease, dedup, events)
-        deps = SliceDeps(store, lease, dedup, dispatcher, events, agents, settings, ending=ending)
+        limiter = RedisLimiter(client, prefix)  # admission, and its counters
+        deps = SliceDeps(
+            store,
+            lease,
+            dedup,
+            dispatcher,
+            events,
+            agents,
+            settings,
+            ending=ending,
+            limiter=limiter,
+        )
         closing = Closing(store, dispatcher, lease, events)
         sweep = SweepParts(
             settings,
@@ -171,6 +184,8 @@ def outcome_text(outcome: SliceOutcome) -> str:
             return "missing: no such thread"
         case Steered():
             return "steered: new user text restarts the turn"
+        case Deferred(wait_s=wait_s):
+            return f"deferred {wait_s:.1f} s: no model capacity (the sweeper re-wakes it)"
         case Stalled(error=error):
             return _short(f"stalled: {error}")
         case Failed(error=error, stalled=stalled):

@@ -20,8 +20,8 @@ PUBLIC = {
     },
     "dormant.models": {
         "AnthropicModel", "ChunkSink", "Completion", "Model", "ModelRequest", "ModelSettings",
-        "OpenAIModel", "ScriptedModel", "SimulatedModel", "ToolChoice", "ToolSpec", "call",
-        "reply",
+        "OpenAIModel", "RateLimit", "ScriptedModel", "SimulatedModel", "ToolChoice", "ToolSpec",
+        "call", "reply",
     },
     "dormant.tools": {
         "HttpToolError", "McpToolError", "Tool", "ToolContext", "http_tool", "mcp_tools", "tool",

@@ -17,6 +17,7 @@ from dormant.models.base import (
 )
 from dormant.models.scripted import ScriptedModel, call, reply
 from dormant.models.simulated import SimulatedModel
+from dormant.rate_limit import RateLimit
 
 if TYPE_CHECKING:
     from dormant.models.anthropic_model import AnthropicModel
@@ -30,6 +31,7 @@ __all__ = [
     "ModelRequest",
     "ModelSettings",
     "OpenAIModel",
+    "RateLimit",
     "ScriptedModel",
     "SimulatedModel",
     "ToolChoice",

@@ -8,7 +8,7 @@ stream never becomes a partial turn.
 from __future__ import annotations
 
 import json
-from collections.abc import Generator
+from collections.abc import Generator, MutableMapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -35,8 +35,9 @@ from dormant.messages import ToolCall, Usage
 from dormant.models import anthropic_wire
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.models.provider_errors import status_error, truncated
-from dormant.models.sdk import SDKModel
+from dormant.models.sdk import SDKModel, keep_rate_headers
 from dormant.models.wire import parse_arguments
+from dormant.rate_limit import RateLimit
 
 __all__ = ["AnthropicModel"]
 
@@ -61,6 +62,7 @@ class AnthropicModel(SDKModel[anthropic.Anthropic, RawMessageStreamEvent]):
     ``ANTHROPIC_BASE_URL``. The API requires ``max_tokens``: ``ModelSettings.max_tokens``
     when set, else ``default_max_tokens``. The agent's instructions are the system prompt.
     The SDK's own retries are off: dormant retries (``complete_with_retry``).
+    ``rate_limit`` (a ``RateLimit``) makes every worker ask for admission before calling it.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class AnthropicModel(SDKModel[anthropic.Anthropic, RawMessageStreamEvent]):
         context_window: int = 200_000,
         default_max_tokens: int = 4096,
         client: anthropic.Anthropic | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         self.model = model
         self.name = f"anthropic:{model}"
@@ -79,15 +82,18 @@ class AnthropicModel(SDKModel[anthropic.Anthropic, RawMessageStreamEvent]):
         self.default_max_tokens = default_max_tokens
         self.base_url = base_url
         self._api_key = api_key
-        super().__init__(client)
+        super().__init__(client, rate_limit)
 
     def _new_turn(self) -> _Turn:
         return _Turn()
 
-    def _stream(self, request: ModelRequest) -> Generator[RawMessageStreamEvent, None, None]:
+    def _stream(
+        self, request: ModelRequest, headers: MutableMapping[str, str]
+    ) -> Generator[RawMessageStreamEvent, None, None]:
         """The stream's events, with every provider failure raised as a dormant error."""
         try:
             with self._open(request) as stream:
+                keep_rate_headers(stream.response.headers, headers)
                 yield from stream
         except anthropic.AnthropicError as error:
             raise _dormant_error(error) from error

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from dormant.messages import Item, ToolCall, Usage
+from dormant.rate_limit import ProviderLimits
 
 __all__ = [
     "TOOL_CHOICE_MODES",
@@ -79,6 +80,8 @@ class Completion:
     text: str = ""
     calls: tuple[ToolCall, ...] = ()
     usage: Usage = field(default_factory=Usage)
+    limits: ProviderLimits | None = None
+    """What the provider's response headers said about its rate limits (admission)."""
 
 
 @runtime_checkable

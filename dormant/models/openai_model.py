@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Generator
+from collections.abc import Generator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Literal, TypeVar, cast
 
@@ -29,8 +29,9 @@ from dormant.messages import ToolCall, Usage
 from dormant.models import openai_wire
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.models.provider_errors import status_error, truncated
-from dormant.models.sdk import SDKModel
+from dormant.models.sdk import SDKModel, keep_rate_headers
 from dormant.models.wire import parse_arguments
+from dormant.rate_limit import RateLimit
 
 __all__ = ["OpenAIModel"]
 
@@ -51,6 +52,7 @@ class OpenAIModel(SDKModel[openai.OpenAI, ChatCompletionChunk]):
         that only know the older name. ``parallel_tool_calls=None`` leaves the server's default;
     ``ModelSettings.parallel_tool_calls``, when set, overrides it for an agent.
         The SDK's own retries are off: dormant retries (``complete_with_retry``).
+        ``rate_limit`` (a ``RateLimit``) makes every worker ask for admission before calling it.
     """
 
     def __init__(
@@ -63,6 +65,7 @@ class OpenAIModel(SDKModel[openai.OpenAI, ChatCompletionChunk]):
         parallel_tool_calls: bool | None = True,
         max_tokens_param: MaxTokensParam = "max_completion_tokens",
         client: openai.OpenAI | None = None,
+        rate_limit: RateLimit | None = None,
     ) -> None:
         self.model = model
         self.name = f"openai:{model}"
@@ -71,12 +74,14 @@ class OpenAIModel(SDKModel[openai.OpenAI, ChatCompletionChunk]):
         self.parallel_tool_calls = parallel_tool_calls
         self.max_tokens_param = max_tokens_param
         self._api_key = api_key
-        super().__init__(client)
+        super().__init__(client, rate_limit)
 
     def _new_turn(self) -> _Turn:
         return _Turn()
 
-    def _stream(self, request: ModelRequest) -> Generator[ChatCompletionChunk, None, None]:
+    def _stream(
+        self, request: ModelRequest, headers: MutableMapping[str, str]
+    ) -> Generator[ChatCompletionChunk, None, None]:
         """The stream's chunks, with every provider failure raised as a dormant error."""
         settings = request.settings
         tools = openai_wire.tools(request.tools)
@@ -109,6 +114,7 @@ class OpenAIModel(SDKModel[openai.OpenAI, ChatCompletionChunk]):
                 timeout=settings.timeout_s,
                 extra_body=settings.extra_body or None,
             )
+            keep_rate_headers(stream.response.headers, headers)
             with stream:
                 yield from stream
         except openai.OpenAIError as error:

@@ -11,8 +11,10 @@ import email.utils
 import math
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from dormant.errors import ModelError, ModelFatal, ModelRetryable
+from dormant.rate_limit import provider_limits
 
 __all__ = ["RETRYABLE_STATUSES", "retry_after_s", "status_error", "truncated"]
 
@@ -48,7 +50,9 @@ def status_error(
     """The dormant error for an HTTP error status from ``provider``."""
     text = f"{provider} returned HTTP {status}: {message}"
     if status >= 500 or status in RETRYABLE_STATUSES:
-        return ModelRetryable(text, retry_after_s=retry_after_s(headers))
+        hint_s = retry_after_s(headers)
+        limits = provider_limits(headers, datetime.now(UTC), hint_s)
+        return ModelRetryable(text, retry_after_s=hint_s, status=status, limits=limits)
     return ModelFatal(text, status=status)
 
 

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping, MutableMapping
 from contextlib import closing
+from dataclasses import replace
+from datetime import UTC, datetime
 from typing import Generic, Protocol, TypeVar
 
 from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.rate_limit import RateLimit, provider_limits
 
-__all__ = ["LazyClient", "SDKModel", "TurnBuilder"]
+__all__ = ["LazyClient", "SDKModel", "TurnBuilder", "keep_rate_headers"]
 
 
 class _Closable(Protocol):
@@ -59,9 +62,12 @@ class SDKModel(ABC, Generic[C, E]):
 
     model: str
     base_url: str | None
+    rate_limit: RateLimit | None
+    """Admission's limit for this model (``DORMANT_RATE_LIMITS`` overrides it)."""
 
-    def __init__(self, client: C | None) -> None:
+    def __init__(self, client: C | None, rate_limit: RateLimit | None = None) -> None:
         self._sdk = LazyClient(self._new_client, client)
+        self.rate_limit = rate_limit
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model!r}, base_url={self.base_url!r})"
@@ -77,10 +83,13 @@ class SDKModel(ABC, Generic[C, E]):
 
     def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
         turn = self._new_turn()
-        with closing(self._stream(request)) as events:
+        headers: dict[str, str] = {}
+        with closing(self._stream(request, headers)) as events:
             for event in events:
                 turn.add(event, on_chunk)
-        return turn.completion()
+        completion = turn.completion()
+        limits = provider_limits(headers, datetime.now(UTC))
+        return replace(completion, limits=limits) if limits else completion
 
     @abstractmethod
     def _new_client(self) -> C: ...
@@ -89,4 +98,16 @@ class SDKModel(ABC, Generic[C, E]):
     def _new_turn(self) -> TurnBuilder[E]: ...
 
     @abstractmethod
-    def _stream(self, request: ModelRequest) -> Generator[E, None, None]: ...
+    def _stream(
+        self, request: ModelRequest, headers: MutableMapping[str, str]
+    ) -> Generator[E, None, None]:
+        """The provider's events; the response's rate-limit headers go into ``headers``
+        (``keep_rate_headers``) once the stream opens."""
+
+
+def keep_rate_headers(source: Mapping[str, str], into: MutableMapping[str, str]) -> None:
+    """Copy the rate-limit headers of a response (lowercased names) for admission."""
+    for name, value in source.items():
+        lowered = name.lower()
+        if "ratelimit" in lowered or lowered.startswith("retry-after"):
+            into[lowered] = value

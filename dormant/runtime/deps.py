@@ -12,6 +12,7 @@ from typing import Protocol
 from dormant.agents import AgentRegistry
 from dormant.errors import CrashPoint
 from dormant.messages import Event
+from dormant.runtime.limiter import Limiter
 from dormant.settings import Settings
 from dormant.stores.base import DedupSet, Lease, OutboxRow, SliceStore
 
@@ -76,6 +77,8 @@ class SliceDeps:
     sleep: Callable[[float], None] = time.sleep
     ending: SliceEnd | None = None
     """How a slice ends in one go; by default ``SeparateEnd`` over the parts above."""
+    limiter: Limiter | None = None
+    """Admission for model calls (``runtime/admission.py``); None: no limits, no counters."""
 
     def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
         ending = self.ending or SeparateEnd(self.dedup, self.events, self.lease)

@@ -11,6 +11,7 @@ from dormant.stores.base import CallRecord, ThreadStatus
 __all__ = [
     "Busy",
     "Closed",
+    "Deferred",
     "Failed",
     "Idle",
     "Missing",
@@ -83,6 +84,16 @@ class Steered:
 
 
 @dataclass(frozen=True)
+class Deferred:
+    """No model capacity (admission refused, or the provider answered 429): nothing was
+    consumed or counted as a failure; the sweeper wakes the thread at ``not_before``."""
+
+    thread_id: str
+    not_before: datetime
+    wait_s: float
+
+
+@dataclass(frozen=True)
 class Stalled:
     """The thread is stalled and was not run; ``retry`` re-drives it."""
 
@@ -90,7 +101,9 @@ class Stalled:
     error: str
 
 
-SliceOutcome = Busy | Missing | Idle | Waiting | Closed | Stale | Failed | Stalled | Steered
+SliceOutcome = (
+    Busy | Missing | Idle | Waiting | Closed | Stale | Failed | Stalled | Steered | Deferred
+)
 
 
 def settled(thread_id: str, status: ThreadStatus, calls: dict[str, CallRecord]) -> SliceOutcome:

@@ -30,6 +30,7 @@ from dormant.errors import (
     LeaseLost,
     ModelError,
     SteeredAway,
+    Throttled,
     UnknownAgent,
     UnknownThread,
 )
@@ -45,7 +46,7 @@ from dormant.messages import (
     Usage,
 )
 from dormant.models.base import Completion, Model, ModelRequest
-from dormant.models.retry import complete_with_retry
+from dormant.runtime.admission import Caller, complete_admitted, defer
 from dormant.runtime.budgets import Meter
 from dormant.runtime.calls import fresh_ids, start_call
 from dormant.runtime.children import (
@@ -66,6 +67,7 @@ from dormant.runtime.history import Applied, apply_inbox, has_pending
 from dormant.runtime.outcomes import (
     Busy,
     Closed,
+    Deferred,
     Failed,
     Idle,
     Missing,
@@ -99,6 +101,7 @@ from dormant.tools.builtins import (
 __all__ = [
     "Busy",
     "Closed",
+    "Deferred",
     "Dispatcher",
     "EventSink",
     "Failed",
@@ -157,7 +160,9 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
     # aside, is SQL asked again.
     asked = seen is not None and (refused or work.set_aside or isinstance(outcome, Steered))
     if asked and seen is not None and deps.store.has_pending_after(thread_id, seen):
-        deps.dispatcher.wake(thread_id, _rewake_priority(deps.store, thread_id, seen))
+        priority = _rewake_priority(deps.store, thread_id, seen)
+        if not isinstance(outcome, Deferred) or priority is Priority.INTERACTIVE:
+            deps.dispatcher.wake(thread_id, priority)  # a deferred one waits unless user text
     return outcome
 
 
@@ -192,6 +197,8 @@ class _Slice:
         """Message ids of the inbox rows the commit marked done (for the dedup set)."""
         self.events: list[Event] = []
         """Events published when the slice ends, with the lease's release."""
+        self.caller = Caller(thread_id, interactive=False, flow="")
+        """Who asks for model capacity (``runtime/admission.py``), set once loaded."""
 
     def end(self) -> bool:
         """Publish the buffered events, remember the applied ids, release the lease."""
@@ -256,10 +263,15 @@ class _Slice:
         for spawn in applied.spawns:
             spawn_event_thread(agent, snap, turn, spawn)
         if applied.needs_completion:
+            interactive = any(row.priority >= Priority.INTERACTIVE for row in snap.inbox)
+            flow = str(snap.thread.metadata.get("tenant") or agent.name)
+            self.caller = Caller(self.thread_id, interactive, flow, agent.weight)
             try:
                 self._converse(agent, snap, applied, turn)
             except SteeredAway:
                 return Steered(self.thread_id), self.seen
+            except Throttled as throttled:  # nothing consumed; woken when capacity is back
+                return defer(deps, throttled), self.seen
         committed = self._commit(snap, applied, turn)
         if turn.meter is not None and turn.meter.stopped and self.committed:
             return self._failed(0, turn.meter.stopped, stall_after=1), committed[1]
@@ -322,17 +334,8 @@ class _Slice:
 
     def _complete(self, model: Model, request: ModelRequest) -> Completion:
         self._keep_lease(time.monotonic())
-        settings = self.deps.settings
         try:
-            return complete_with_retry(
-                model,
-                request,
-                self._on_chunk,
-                attempts=settings.model_attempts,
-                base_s=settings.model_backoff_s,
-                max_s=settings.model_backoff_max_s,
-                sleep=self.deps.sleep,
-            )
+            return complete_admitted(self.deps, self.caller, model, request, self._on_chunk)
         finally:  # the rest of the text goes out with the slice's other events
             if self.streamed:
                 self.events.append(Chunk(thread_id=self.thread_id, text=self.streamed))

@@ -346,6 +346,11 @@ class SliceStore(Protocol):
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None: ...
 
+    def defer(self, thread_id: str, not_before: datetime) -> None:
+        """Leave the thread to the sweeper until ``not_before`` (its ``retry_at``) without
+        counting a failure: admission found no model capacity (``runtime/admission.py``)."""
+        ...
+
     def quarantine(self, thread_id: str, inbox_id: int, reason: str) -> ThreadInfo:
         """Set an open inbox row aside (``QUARANTINED`` with ``reason``) and clear the
         thread's failures, so its other input goes on at once."""

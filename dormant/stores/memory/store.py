@@ -284,6 +284,10 @@ class MemoryStore(MemoryClosing, MemoryRetention):
         if root is not None:
             stored.add_to_tree(root, spend.tokens, spend.cost)
 
+    def defer(self, thread_id: str, not_before: datetime) -> None:
+        with self._lock:
+            stored.update(self._get(thread_id), retry_at=not_before)
+
     def record_failure(
         self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
     ) -> ThreadInfo:
@@ -414,17 +418,22 @@ class MemoryStore(MemoryClosing, MemoryRetention):
 
     def wakes_due(self, limit: int = 100, *, now: datetime | None = None) -> list[tuple[str, int]]:
         with self._lock:
-            waiting: list[tuple[int, str, int]] = []  # (oldest pending row id, thread, priority)
+            waiting: list[tuple[int, int, str]] = []  # (-priority, oldest pending row, thread)
             for thread_id, rows in self._open.items():
                 pending = [r for r in rows.values() if r.state is InboxState.PENDING]
                 if not pending:
                     continue
                 info = stored.info_of(self._threads[thread_id])
                 backing_off = now is not None and info.retry_at is not None and info.retry_at > now
+                if backing_off and info.failures == 0:  # deferred for model capacity:
+                    pending = [r for r in pending if r.priority >= Priority.INTERACTIVE]
+                    backing_off = not pending  # user text does not wait for its place
                 if info.status is not ThreadStatus.STALLED and not backing_off:
                     oldest = min(r.id for r in pending)
-                    waiting.append((oldest, thread_id, max(r.priority for r in pending)))
-            return [(thread_id, priority) for _, thread_id, priority in sorted(waiting)[:limit]]
+                    waiting.append((-max(r.priority for r in pending), oldest, thread_id))
+            # user text first, then the longest waiting (a burst of deferred background
+            # threads coming due never holds back a user's message)
+            return [(thread_id, -negated) for negated, _, thread_id in sorted(waiting)[:limit]]
 
     def next_timer_due(self) -> datetime | None:
         with self._lock:

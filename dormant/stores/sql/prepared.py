@@ -33,7 +33,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.dialects import postgresql, sqlite
 
-from dormant.stores.base import InboxState, ThreadStatus
+from dormant.stores.base import InboxState, Priority, ThreadStatus
 from dormant.stores.sql.rows import is_pending, tables
 from dormant.stores.sql.tables import Schema, schema
 
@@ -268,7 +268,8 @@ class Prepared:
             .join(threads, threads.c.id == inbox.c.thread_id)
             .where(is_pending(inbox), threads.c.status != ThreadStatus.STALLED.value)
             .group_by(inbox.c.thread_id)
-            .order_by(func.min(inbox.c.id))
+            # user text first, then the longest waiting
+            .order_by(func.max(inbox.c.priority).desc(), func.min(inbox.c.id))
             .limit(bindparam("limit"))
         )
         self.threads_to_wake: Select[Any] = wake
@@ -277,6 +278,9 @@ class Prepared:
             or_(
                 threads.c.retry_at.is_(None),
                 threads.c.retry_at <= bindparam("now", type_=retry_type),
+                # deferred for model capacity (no failure): user text does not wait for
+                # the background thread's place, even when its own wake was lost
+                and_(threads.c.failures == 0, inbox.c.priority >= int(Priority.INTERACTIVE)),
             )
         )
 

@@ -237,6 +237,10 @@ class SQLStore(SQLRetention, SQLClaims):
     ) -> dict[str, Spend]:
         return usage_by_agent(self._schema, self._tx, thread_id, agent, since)
 
+    @retry_busy
+    def defer(self, thread_id: str, not_before: datetime) -> None:
+        self._update_thread(thread_id, retry_at=as_utc(not_before))
+
     def record_failure(
         self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
     ) -> ThreadInfo:

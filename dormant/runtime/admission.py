@@ -1,0 +1,201 @@
+"""Admission control around a slice's model call: ask before, correct after, never sleep.
+
+``complete_admitted`` replaces the slice's plain ``complete_with_retry``. For a model with
+a ``RateLimit`` (on the model, or ``Settings.rate_limits`` by model name or base URL) it
+asks the ``Limiter`` first; a refusal, or a 429 from the provider, raises ``Throttled``
+instead of sleeping in the worker slot: the slice ends without consuming anything, the
+thread's "not before" time is set (``defer``: the failure backoff's ``retry_at``, no failure
+counted) and the sweeper wakes it when capacity is back. The provider's ``Retry-After`` and
+rate-limit headers drain the shared bucket until their reset; the completion's usage
+corrects the token estimate. Other retryable failures (a 5xx, a dropped stream) are
+retried in the slot as before, each retry admitted again.
+
+A model without a limit keeps today's retry-with-sleep (``complete_with_retry``); its 429s
+(``rate_limited``) and the seconds slept (``asleep_s``) are counted, so a deployment sees
+what its slots spend asleep.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+
+from dormant.errors import ModelRetryable, Throttled
+from dormant.models.base import ChunkSink, Completion, Model, ModelRequest
+from dormant.models.retry import backoff_s, complete_with_retry
+from dormant.rate_limit import ProviderLimits, RateLimit
+from dormant.runtime.deps import SliceDeps
+from dormant.runtime.limiter import THROTTLED_S, Ask, Limiter
+from dormant.runtime.outcomes import Deferred
+from dormant.settings import Settings
+from dormant.stores.base import Store
+
+__all__ = [
+    "Caller",
+    "complete_admitted",
+    "defer",
+    "estimate_tokens",
+    "limit_for",
+    "next_deferred",
+]
+
+log = logging.getLogger("dormant.admission")
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who asks: the thread, whether user text woke it, and its flow (agent or tenant)."""
+
+    thread_id: str
+    interactive: bool
+    flow: str
+    weight: float = 1.0
+
+
+def limit_for(model: Model, settings: Settings) -> tuple[str, RateLimit] | None:
+    """The bucket and limit of ``model``: ``Settings.rate_limits`` by its name, then by its
+    base URL, then the model's own ``rate_limit``; None when it has none."""
+    base_url = getattr(model, "base_url", None)
+    endpoint = base_url.rstrip("/") if isinstance(base_url, str) else None
+    for key, limit in settings.rate_limits:
+        if key == model.name or (endpoint is not None and key.rstrip("/") == endpoint):
+            return (limit.bucket or key, limit) if limit.limited else None
+    own = getattr(model, "rate_limit", None)
+    if isinstance(own, RateLimit) and own.limited:
+        return own.bucket or f"{model.name}@{endpoint or 'default'}", own
+    return None
+
+
+def estimate_tokens(request: ModelRequest, limit: RateLimit) -> int:
+    """A quarter of the request's characters (instructions, items as JSON, tool schemas)
+    plus the most it may answer (``max_tokens``, else ``RateLimit.output_tokens``)."""
+    chars = len(request.instructions)
+    for item in request.items:
+        chars += len(item.model_dump_json())
+    for spec in request.tools:
+        chars += len(spec.name) + len(spec.description) + len(str(spec.parameters))
+    output = request.settings.max_tokens or limit.output_tokens
+    return math.ceil(chars / 4) + output
+
+
+def complete_admitted(
+    deps: SliceDeps,
+    caller: Caller,
+    model: Model,
+    request: ModelRequest,
+    on_chunk: ChunkSink,
+) -> Completion:
+    """One completion, admitted by the limiter when the model has a limit (see the module
+    docstring); raises ``Throttled`` when it must wait for capacity."""
+    settings = deps.settings
+    limiter = deps.limiter
+    found = limit_for(model, settings) if limiter is not None else None
+    if limiter is None or found is None:
+        return complete_with_retry(
+            _Counted(model, limiter) if limiter is not None else model,
+            request,
+            on_chunk,
+            attempts=settings.model_attempts,
+            base_s=settings.model_backoff_s,
+            max_s=settings.model_backoff_max_s,
+            sleep=_counted(deps.sleep, limiter),
+        )
+    bucket, limit = found
+    estimate = estimate_tokens(request, limit)
+    for attempt in range(1, settings.model_attempts + 1):
+        slot = uuid.uuid4().hex
+        ask = Ask(
+            estimate, slot, settings.lease_ttl_s, caller.interactive, caller.flow, caller.weight
+        )
+        wait_s = limiter.acquire(bucket, limit, ask)
+        if wait_s > 0:
+            raise Throttled(caller.thread_id, bucket, wait_s)
+        try:
+            completion = model.complete(request, on_chunk)
+        except ModelRetryable as error:
+            limiter.release(bucket, limit, slot)
+            said = error.limits or ProviderLimits()
+            if error.status == 429:
+                limiter.count("rate_limited")
+                if said.retry_after_s is None:
+                    said = replace(said, retry_after_s=THROTTLED_S)
+            if said:
+                limiter.feedback(bucket, limit, said)
+            if error.status == 429:
+                wait_s = said.retry_after_s or THROTTLED_S
+                raise Throttled(caller.thread_id, bucket, wait_s) from error
+            if attempt == settings.model_attempts:
+                raise
+            pause_s = backoff_s(attempt, settings.model_backoff_s, settings.model_backoff_max_s)
+            _counted(deps.sleep, limiter)(pause_s)
+            continue
+        except BaseException:
+            limiter.release(bucket, limit, slot)
+            raise
+        used = completion.usage.total_tokens
+        limiter.release(bucket, limit, slot, estimate - used if used else 0.0)
+        if completion.limits:
+            limiter.feedback(bucket, limit, completion.limits)
+        return completion
+    raise AssertionError("unreachable: model_attempts must be >= 1")
+
+
+class _Counted:
+    """A model whose 429s are counted (``rate_limited``) on their way to the retry loop."""
+
+    def __init__(self, model: Model, limiter: Limiter) -> None:
+        self.name = model.name
+        self.context_window = model.context_window
+        self._model = model
+        self._limiter = limiter
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        try:
+            return self._model.complete(request, on_chunk)
+        except ModelRetryable as error:
+            if error.status == 429:
+                self._limiter.count("rate_limited")
+            raise
+
+
+def _counted(sleep: Callable[[float], None], limiter: Limiter | None) -> Callable[[float], None]:
+    """``sleep``, adding the seconds to the limiter's ``asleep_s``."""
+    if limiter is None:
+        return sleep
+
+    def counted(seconds: float) -> None:
+        limiter.count("asleep_s", seconds)
+        sleep(seconds)
+
+    return counted
+
+
+def defer(deps: SliceDeps, throttled: Throttled) -> Deferred:
+    """End the slice for want of capacity: the thread's messages stay queued, and the
+    sweeper leaves it alone until its "not before" time (no failure is counted)."""
+    not_before = deps.clock() + timedelta(seconds=throttled.wait_s)
+    deps.store.defer(throttled.thread_id, not_before)
+    if deps.limiter is not None:
+        deps.limiter.count("deferred")
+    log.debug(
+        "thread %s deferred %.2f s: no capacity in %s",
+        throttled.thread_id,
+        throttled.wait_s,
+        throttled.bucket,
+    )
+    return Deferred(throttled.thread_id, not_before, throttled.wait_s)
+
+
+def next_deferred(store: Store, now: datetime, limit: int = 100) -> datetime | None:
+    """The earliest "not before" of a thread deferred for capacity (queued messages, no
+    failure, a ``retry_at`` after ``now``): what ``LocalSystem.run_until_idle`` waits for."""
+    due: datetime | None = None
+    for thread_id in store.threads_to_wake(limit):
+        info = store.thread(thread_id)
+        if info.failures == 0 and info.retry_at is not None and info.retry_at > now:
+            due = info.retry_at if due is None else min(due, info.retry_at)
+    return due

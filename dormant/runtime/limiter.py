@@ -1,0 +1,240 @@
+"""``Limiter``: token buckets for model calls, and ``MemoryLimiter``, the in-process one.
+
+A bucket holds three limits at once: requests per minute and tokens per minute (each a
+bucket refilled continuously, full when first used or after a minute of quiet) and
+concurrent calls (slots, each with a lease so a holder that dies gives its slot back after
+``slot_ttl_s``). One ``acquire`` refills, checks all three and either takes a request, the
+estimated tokens and a slot, or takes nothing and answers how long to wait.
+
+Background work (not woken by user text) leaves ``RateLimit.reserve`` of every limit
+unused, so user text is admitted at once during a burst. A refused background ask is given
+a place in its flow's queue (its agent, or its tenant): each flow's refusals are spaced by
+the bucket's rate times the number of flows waiting, divided by the flow's weight, so
+capacity coming back is shared between agents instead of going to whichever launched the
+most threads. User text gets no place in a queue: refused (its reserve spent), it waits
+only until the bucket can take it, ahead of every background place. ``RedisLimiter``
+(``stores/redis_limiter.py``) is the same algorithm in Lua, shared by every worker.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from dormant.rate_limit import ProviderLimits, RateLimit
+
+__all__ = [
+    "CONCURRENCY_SPACING_S",
+    "COUNTERS",
+    "SLOT_POLL_S",
+    "THROTTLED_S",
+    "Ask",
+    "Limiter",
+    "MemoryLimiter",
+]
+
+SLOT_POLL_S = 1.0
+"""A caller refused a concurrency slot tries again after at most this long: a slot comes
+back when its holder ends, which no one can predict."""
+CONCURRENCY_SPACING_S = 1.0
+"""With only a concurrency limit, refused background asks are spaced by this over the
+limit (a guess at one call's length: the queue needs some rate)."""
+THROTTLED_S = 1.0
+"""How long a 429 without ``Retry-After`` or reset headers drains the bucket."""
+
+COUNTERS = ("admitted", "refused", "deferred", "rate_limited", "asleep_s")
+"""What a limiter counts: asks admitted and refused, slices that ended for want of capacity
+(deferred), 429s the provider answered (rate_limited), seconds worker slots slept in a
+retry backoff (asleep_s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One model call asking for admission."""
+
+    tokens: int
+    """Estimated tokens of the request and its answer."""
+    slot: str
+    """A unique id for the concurrency slot it holds until ``release``."""
+    slot_ttl_s: float
+    interactive: bool = False
+    """Woken by user text: may use the reserve, and is never queued behind a flow."""
+    flow: str = ""
+    """Whose queue a refused background ask joins (an agent, a tenant)."""
+    weight: float = 1.0
+
+
+class Limiter(Protocol):
+    """Shared token buckets, by bucket name (an endpoint and key)."""
+
+    def acquire(self, bucket: str, limit: RateLimit, ask: Ask) -> float:
+        """0.0 when admitted (a request, the tokens and a slot were taken); else the
+        seconds until the ask may be admitted, and nothing was taken."""
+        ...
+
+    def release(
+        self, bucket: str, limit: RateLimit, slot: str, correction_tokens: float = 0.0
+    ) -> None:
+        """Give the slot back, and ``correction_tokens`` (estimate minus actual use;
+        negative when the call used more) to the token bucket."""
+        ...
+
+    def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
+        """What the provider said. A ``retry-after`` (a 429) empties the bucket and starts
+        refilling it only then, so the calls that follow come at the bucket's rate instead
+        of in a burst the provider refuses again; ``remaining`` caps the bucket, and none
+        remaining blocks it until the reset."""
+        ...
+
+    def count(self, counter: str, amount: float = 1.0) -> None:
+        """Add to one of ``COUNTERS``."""
+        ...
+
+    def counters(self) -> dict[str, float]: ...
+
+
+@dataclass
+class _Bucket:
+    requests: float
+    tokens: float
+    at_s: float
+    blocked_until_s: float = 0.0
+    slots: dict[str, float] = field(default_factory=dict)
+    """Slot id to its lease's expiry."""
+    tails: dict[str, float] = field(default_factory=dict)
+    """Flow to the time its queue's last place ends."""
+
+
+class MemoryLimiter:
+    """``Limiter`` for one process (``LocalSystem``): the Redis script's algorithm under a
+    lock, on a monotonic ``clock``."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._buckets: dict[str, _Bucket] = {}
+        self._counters = dict.fromkeys(COUNTERS, 0.0)
+
+    def acquire(self, bucket: str, limit: RateLimit, ask: Ask) -> float:
+        with self._lock:
+            now = self._clock()
+            state = self._refilled(bucket, limit, now)
+            wait_s = _wait_s(state, limit, ask, now)
+            if wait_s <= 0:
+                if limit.rpm:
+                    state.requests -= 1
+                if limit.tpm:
+                    state.tokens -= ask.tokens
+                if limit.concurrency:
+                    state.slots[ask.slot] = now + ask.slot_ttl_s
+                self._counters["admitted"] += 1
+                return 0.0
+            if not ask.interactive:
+                wait_s = _queued_wait_s(state, limit, ask, now, wait_s)
+            self._counters["refused"] += 1
+            return wait_s
+
+    def release(
+        self, bucket: str, limit: RateLimit, slot: str, correction_tokens: float = 0.0
+    ) -> None:
+        with self._lock:
+            state = self._refilled(bucket, limit, self._clock())
+            state.slots.pop(slot, None)
+            if limit.tpm:
+                state.tokens = min(limit.tpm, state.tokens + correction_tokens)
+
+    def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
+        with self._lock:
+            now = self._clock()
+            state = self._refilled(bucket, limit, now)
+            if said.retry_after_s is not None:  # a 429: empty, refilled from its time on
+                state.blocked_until_s = max(state.blocked_until_s, now + said.retry_after_s)
+                state.requests = min(state.requests, 0.0)
+                state.tokens = min(state.tokens, 0.0)
+                state.at_s = max(state.at_s, state.blocked_until_s)
+            for remaining, reset_s, kind in (
+                (said.requests_remaining, said.requests_reset_s, "requests"),
+                (said.tokens_remaining, said.tokens_reset_s, "tokens"),
+            ):
+                if remaining is None:
+                    continue
+                if kind == "requests" and limit.rpm:
+                    state.requests = min(state.requests, remaining)
+                if kind == "tokens" and limit.tpm:
+                    state.tokens = min(state.tokens, remaining)
+                if remaining < 1 and reset_s is not None:
+                    state.blocked_until_s = max(state.blocked_until_s, now + reset_s)
+
+    def count(self, counter: str, amount: float = 1.0) -> None:
+        with self._lock:
+            self._counters[counter] = self._counters.get(counter, 0.0) + amount
+
+    def counters(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self._counters)
+
+    def _refilled(self, bucket: str, limit: RateLimit, now: float) -> _Bucket:
+        state = self._buckets.get(bucket)
+        if state is None:
+            state = self._buckets[bucket] = _Bucket(limit.rpm or 0.0, limit.tpm or 0.0, now)
+        if now > state.at_s:  # after a 429, refilling starts only at the provider's time
+            elapsed_s = now - state.at_s
+            if limit.rpm:
+                state.requests = min(limit.rpm, state.requests + elapsed_s * limit.rpm / 60)
+            if limit.tpm:
+                state.tokens = min(limit.tpm, state.tokens + elapsed_s * limit.tpm / 60)
+            state.at_s = now
+        state.slots = {slot: until for slot, until in state.slots.items() if until > now}
+        state.tails = {flow: tail for flow, tail in state.tails.items() if tail > now}
+        return state
+
+
+def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float) -> float:
+    """0 if every limit admits ``ask`` now, else the longest of their waits."""
+    share = 0.0 if ask.interactive else limit.reserve
+    wait_s = max(0.0, state.blocked_until_s - now)
+    if limit.rpm:
+        need = min(limit.rpm, 1 + math.ceil(limit.rpm * share))
+        if state.requests < need:
+            wait_s = max(wait_s, (need - state.requests) * 60 / limit.rpm)
+    if limit.tpm:
+        need = min(limit.tpm, ask.tokens + limit.tpm * share)
+        if state.tokens < need:
+            wait_s = max(wait_s, (need - state.tokens) * 60 / limit.tpm)
+    if limit.concurrency:
+        usable = limit.concurrency - _reserved_slots(limit.concurrency, share)
+        if len(state.slots) >= usable:
+            wait_s = max(wait_s, min(SLOT_POLL_S, min(state.slots.values()) - now))
+    return wait_s
+
+
+def _reserved_slots(concurrency: int, share: float) -> int:
+    """Slots background work leaves free: its share, at least one (of two or more)."""
+    if share <= 0:
+        return 0
+    return min(concurrency - 1, max(1, math.floor(concurrency * share)))
+
+
+def _queued_wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, wait_s: float) -> float:
+    """A refused background ask's place in its flow's queue: after the flow's last place,
+    spaced by the bucket's rate times the flows waiting over the flow's weight."""
+    waiting = len(state.tails) + (0 if ask.flow in state.tails else 1)
+    start = max(now + wait_s, state.tails.get(ask.flow, 0.0))
+    state.tails[ask.flow] = start + _spacing_s(limit, ask.tokens) * waiting / ask.weight
+    return start - now
+
+
+def _spacing_s(limit: RateLimit, tokens: int) -> float:
+    """The time the bucket takes to afford one more such request."""
+    spacing = 0.0
+    if limit.rpm:
+        spacing = 60 / limit.rpm
+    if limit.tpm:
+        spacing = max(spacing, tokens * 60 / limit.tpm)
+    if spacing == 0 and limit.concurrency:
+        spacing = CONCURRENCY_SPACING_S / limit.concurrency
+    return spacing

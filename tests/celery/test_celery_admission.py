@@ -1,0 +1,150 @@
+"""Admission control on a real worker and beat: a burst of threads against a local
+OpenAI-compatible server that allows a small RPM and answers 429 with ``Retry-After`` past
+it. With ``DORMANT_RATE_LIMITS`` set, the workers share one bucket in Redis: every thread
+finishes, the server sees almost no 429, no worker slot sleeps waiting for capacity, and
+user text sent while the burst queues is answered before the burst is done."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+
+from conftest import Deployment, wait_until
+
+from dormant.messages import UserMessage
+from dormant.stores.base import InboxState, NewThread, Priority
+from dormant.stores.redis_limiter import RedisLimiter
+from tests.fake_providers import FakeProvider, Recorded, Reply, openai_error, openai_stream
+
+RPM = 120
+BURST = 150
+"""Threads launched at once: more than a minute's requests, so some must wait."""
+
+
+class RateLimitedProvider(FakeProvider):
+    """An OpenAI-compatible server enforcing ``rpm`` as a token bucket (as providers
+    document theirs): past it, a 429 with the exact ``Retry-After`` of its next request."""
+
+    def __init__(self, rpm: float) -> None:
+        super().__init__("/v1/chat/completions", base_path="/v1")
+        self.rpm = rpm
+        self.level = rpm
+        self.at = time.monotonic()
+        self.refused = 0
+        self.answered = 0
+        self._bucket = threading.Lock()
+
+    def take(self, request: Recorded) -> Reply:
+        with self._bucket:
+            now = time.monotonic()
+            self.level = min(self.rpm, self.level + (now - self.at) * self.rpm / 60)
+            self.at = now
+            if self.level < 1:
+                self.refused += 1
+                wait_s = (1 - self.level) * 60 / self.rpm
+                headers = {"retry-after-ms": str(int(wait_s * 1000) + 1)}
+                return openai_error(429, "rate limit reached for requests", headers)
+            self.level -= 1
+            self.answered += 1
+        return openai_stream(["done"], usage=(40, 1, 0))
+
+
+def test_a_burst_past_the_providers_rpm_finishes_with_almost_no_429_and_users_first(
+    deploy: Callable[..., Deployment],
+) -> None:
+    with RateLimitedProvider(RPM) as server:
+        limits = {server.base_url: {"rpm": RPM}}
+        d = deploy(
+            DORMANT_AGENTS="admission_agents",
+            TEST_FAKE_OPENAI_URL=server.base_url,
+            DORMANT_RATE_LIMITS=json.dumps(limits),
+        )
+        worker = d.start_worker("w1", concurrency=8)
+        beat = d.start_beat()
+        d.wait_ready(worker)
+        client = d.client()
+        # a webhook burst: background threads, woken by beat's sweep as they appear
+        ids = [f"thr_burst_{d.prefix}_{n}" for n in range(BURST)]
+        for thread_id in ids:
+            first = (f"launch:{thread_id}", UserMessage(text="go"), Priority.BACKGROUND)
+            client.store.create_thread(NewThread(id=thread_id, agent="limited", messages=[first]))
+
+        def finished(threads: list[str]) -> bool:
+            return all(
+                row.state is InboxState.DONE for t in threads for row in client.store.inbox(t)
+            )
+
+        limiter = RedisLimiter(d.redis, d.prefix)
+        wait_until(lambda: limiter.counters()["deferred"], 60, "the burst to spend the limit")
+        # user text now: admitted from the reserve, ahead of the queued background threads
+        sent = time.monotonic()
+        users = [client.launch("limited", f"a user asks {n}") for n in range(3)]
+        wait_until(lambda: finished(users), 30, "the users' threads", check=d.check_alive)
+        users_s = time.monotonic() - sent
+        assert not finished(ids), "the burst finished before the users were answered"
+        wait_until(
+            lambda: finished(ids),
+            90,
+            "every thread of the burst to finish",
+            check=d.check_alive,
+            poll_s=0.5,
+            detail=lambda: f" (server answered {server.answered}, refused {server.refused})",
+        )
+        assert beat.alive()
+        counters = limiter.counters()
+        print(f"{BURST} threads at {RPM} RPM: {server.refused} 429s, counters {counters},")
+        print(f"3 users answered {users_s:.2f} s after sending, while the burst queued")
+    assert server.answered == BURST + len(users)
+    assert server.refused <= 2, f"{server.refused} 429s"
+    # a minute's requests went at once; the rest (less what refilled while beat woke them,
+    # a hundred a sweep) waited outside the worker slots
+    assert counters["deferred"] >= 1 and counters["refused"] == counters["deferred"]
+    assert counters["asleep_s"] == 0  # and no slot slept for capacity
+    for thread_id in ids:
+        assert [i.kind for i in client.history(thread_id)] == ["user", "assistant"]
+
+
+def test_flushing_redis_mid_burst_resets_the_limits_and_loses_no_thread(
+    deploy: Callable[..., Deployment],
+) -> None:
+    with RateLimitedProvider(RPM) as server:
+        d = deploy(
+            DORMANT_AGENTS="admission_agents",
+            TEST_FAKE_OPENAI_URL=server.base_url,
+            DORMANT_RATE_LIMITS=json.dumps({server.base_url: {"rpm": RPM}}),
+        )
+        worker = d.start_worker("w1", concurrency=8)
+        d.start_beat()
+        d.wait_ready(worker)
+        client = d.client()
+        ids = [f"thr_flush_{d.prefix}_{n}" for n in range(BURST)]
+        for thread_id in ids:
+            first = (f"launch:{thread_id}", UserMessage(text="go"), Priority.BACKGROUND)
+            client.store.create_thread(NewThread(id=thread_id, agent="limited", messages=[first]))
+        limiter = RedisLimiter(d.redis, d.prefix)
+        wait_until(lambda: limiter.counters()["deferred"], 60, "the burst to spend the limit")
+        _flush(d)  # buckets, slots, queue places, leases, wake marks: all gone
+        wait_until(
+            lambda: all(row.state is InboxState.DONE for t in ids for row in client.store.inbox(t)),
+            120,
+            "every thread of the burst to finish after the flush",
+            check=d.check_alive,
+            poll_s=0.5,
+        )
+        counters = limiter.counters()
+        print(f"flushed mid-burst: {server.refused} 429s, counters since the flush {counters}")
+    assert server.answered == BURST  # each thread's one completion, none lost or doubled
+    assert counters["asleep_s"] == 0  # 429s after the flush defer too: no slot sleeps
+    for thread_id in ids:
+        assert [i.kind for i in client.history(thread_id)] == ["user", "assistant"]
+
+
+def _flush(d: Deployment) -> None:
+    """What a FLUSHALL of dormant's Redis does to this deployment (the shared server's
+    other keys, and the broker's queues of this deployment, stay)."""
+    broker = f"{d.prefix}:broker:"
+    keys = [k for k in d.redis.scan_iter(match=f"{d.prefix}:*") if not k.startswith(broker)]
+    if keys:
+        d.redis.delete(*keys)

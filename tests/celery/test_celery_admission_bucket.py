@@ -1,0 +1,177 @@
+"""The shared admission bucket on a real Redis: one Lua script per step, atomic across
+every worker (``stores/redis_limiter.py``), and a deferred thread surviving a flush."""
+
+from __future__ import annotations
+
+import multiprocessing
+import secrets
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+import redis
+from conftest import REDIS_URL, wait_until
+
+from dormant import Agent
+from dormant.messages import UserMessage
+from dormant.models import RateLimit, ScriptedModel, reply
+from dormant.rate_limit import ProviderLimits
+from dormant.runtime.limiter import Ask
+from dormant.runtime.slice import Deferred, Idle
+from dormant.runtime.sweeper import sweep_once
+from dormant.stores.base import InboxState, NewThread, OutboxRow, Priority
+from dormant.stores.redis_limiter import RedisLimiter
+from dormant.stores.sql.store import SQLStore
+from tests.harness import Harness
+
+
+@pytest.fixture
+def prefix(redis_server: redis.Redis) -> Iterator[str]:
+    prefix = f"dca{secrets.token_hex(5)}"
+    yield prefix
+    _forget(redis_server, prefix)
+
+
+def _forget(client: redis.Redis, prefix: str) -> None:
+    """What a FLUSHALL does to this deployment (the shared server's other keys stay)."""
+    keys = list(client.scan_iter(match=f"{prefix}*"))
+    if keys:
+        client.delete(*keys)
+
+
+def _ask(slot: str, *, interactive: bool = True, ttl_s: float = 30.0, flow: str = "a") -> Ask:
+    return Ask(10, slot, ttl_s, interactive, flow)
+
+
+def _hammer(url: str, prefix: str, worker: str, asks: int, limit: RateLimit) -> int:
+    """One worker's admissions out of ``asks`` tries (run in threads and processes)."""
+    limiter = RedisLimiter(redis.Redis.from_url(url, decode_responses=True), prefix)
+    asked = (_ask(f"{worker}-{n}", ttl_s=600) for n in range(asks))  # no slot lapses meanwhile
+    return sum(limiter.acquire("b", limit, ask) == 0 for ask in asked)
+
+
+def test_workers_hammering_the_bucket_never_get_more_than_its_limit(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    limit = RateLimit(rpm=40, concurrency=1000, reserve=0.0)
+    url = REDIS_URL
+    started = time.monotonic()
+    admitted: list[int] = []
+    threads = [
+        threading.Thread(
+            target=lambda w=w: admitted.append(_hammer(url, prefix, f"t{w}", 30, limit))
+        )
+        for w in range(6)
+    ]
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(2) as pool:
+        processes = pool.starmap_async(
+            _hammer, [(url, prefix, f"p{w}", 30, limit) for w in range(2)]
+        )
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        admitted += processes.get(timeout=60)
+    elapsed_s = time.monotonic() - started
+    # a full bucket, plus what refilled while they hammered (40 a minute), never more
+    assert 40 <= sum(admitted) <= 40 + int(elapsed_s * 40 / 60) + 1
+    held = redis_server.zcard(f"{prefix}:limit:b:slots")
+    assert held == sum(admitted)  # each admission took a slot, none released yet
+
+
+def test_a_slot_held_by_a_killed_worker_comes_back_after_its_lease(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(concurrency=2, reserve=0.0)
+    assert limiter.acquire("b", limit, _ask("dies", ttl_s=0.3)) == 0  # never released
+    assert limiter.acquire("b", limit, _ask("lives")) == 0
+    assert 0 < limiter.acquire("b", limit, _ask("third")) <= 1.0
+    limiter.release("b", limit, "lives")
+    assert limiter.acquire("b", limit, _ask("third")) == 0
+    wait_until(lambda: limiter.acquire("b", limit, _ask("fourth")) == 0, 5, "the dead slot's lease")
+
+
+def test_background_work_leaves_a_shared_concurrency_slot_to_user_text(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(concurrency=4, reserve=0.05)
+    background = [limiter.acquire("b", limit, _ask(f"bg{n}", interactive=False)) for n in range(4)]
+    assert background.count(0.0) == 3
+    assert limiter.acquire("b", limit, _ask("user")) == 0
+
+
+def test_the_provider_drains_the_shared_bucket_and_usage_corrects_it(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    limiter = RedisLimiter(redis_server, prefix)
+    other_worker = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=100, tpm=10_000, reserve=0.0)
+    assert limiter.acquire("b", limit, Ask(9000, "big", 30, True)) == 0
+    assert 0 < other_worker.acquire("b", limit, Ask(5000, "next", 30, True)) <= 30
+    limiter.release("b", limit, "big", correction_tokens=9000 - 1000)  # it used 1000
+    assert other_worker.acquire("b", limit, Ask(5000, "next", 30, True)) == 0
+    limiter.feedback("b", limit, ProviderLimits(retry_after_s=12.0))
+    assert 11.5 < other_worker.acquire("b", limit, _ask("after-429")) <= 12.0
+    limiter.count("rate_limited")
+    limiter.count("asleep_s", 2.5)
+    counters = other_worker.counters()
+    assert counters["admitted"] == 2 and counters["refused"] == 2
+    assert counters["rate_limited"] == 1 and counters["asleep_s"] == 2.5
+
+
+def test_refused_background_asks_get_places_spaced_by_the_rate(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=60, reserve=0.0)
+    for n in range(60):
+        assert limiter.acquire("b", limit, _ask(f"warm{n}")) == 0
+    burst = [limiter.acquire("b", limit, _ask(f"a{n}", interactive=False)) for n in range(5)]
+    assert burst == pytest.approx([1.0, 2.0, 3.0, 4.0, 5.0], abs=0.05)
+    late = limiter.acquire("b", limit, _ask("b0", interactive=False, flow="late"))
+    assert late == pytest.approx(1.0, abs=0.05)  # another agent is not queued behind
+    user = limiter.acquire("b", limit, _ask("u"))
+    assert user == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_redis_flush_resets_the_limits_and_loses_no_deferred_thread(
+    redis_server: redis.Redis, prefix: str, celery_database_url: str
+) -> None:
+    model = ScriptedModel(lambda items: reply("done"))
+    store = SQLStore(celery_database_url)
+    h = Harness(Agent("a", model=model), store=store)
+    limiter = RedisLimiter(redis_server, prefix)
+    settings = replace(h.deps.settings, rate_limits=(("scripted", RateLimit(rpm=1)),))
+    h.deps = replace(h.deps, settings=settings, limiter=limiter)
+    ids = [f"thr_{prefix}_{n}" for n in range(2)]
+    for thread_id in ids:
+        message = (f"launch:{thread_id}", UserMessage(text="go"), Priority.BACKGROUND)
+        store.create_thread(NewThread(id=thread_id, agent="a", messages=[message]))
+    try:
+        assert isinstance(h.step(ids[0]), Idle)
+        deferred = h.step(ids[1])
+        assert isinstance(deferred, Deferred) and deferred.wait_s > 50
+        _forget(redis_server, prefix)  # Redis flushed: the bucket is full again
+        woken: list[str] = []
+
+        class Recording:
+            def wake(self, thread_id: str, priority: int) -> bool:
+                woken.append(thread_id)
+                return True
+
+            def dispatch(self, row: OutboxRow) -> None:
+                raise AssertionError("nothing to dispatch")
+
+        later = datetime.now(UTC) + timedelta(seconds=deferred.wait_s + 1)
+        sweep_once(store, h.lease, Recording(), later, 0.0, 0.0)
+        assert ids[1] in woken  # SQL kept its messages and its time
+        assert isinstance(h.step(ids[1]), Idle)
+        assert [row.state for row in store.inbox(ids[1])] == [InboxState.DONE]
+    finally:
+        store.close()

@@ -1,0 +1,449 @@
+"""Admission control for model calls (issue 19, part 4): the in-process bucket, the
+provider's headers, and a slice that finds no capacity ending at once instead of sleeping.
+The shared Redis bucket is tested in tests/celery/test_celery_admission.py."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from dormant import Agent, LocalSystem, Settings
+from dormant.errors import ConfigurationError, ModelRetryable
+from dormant.messages import Item, UserMessage, UserText
+from dormant.models import OpenAIModel, RateLimit, ScriptedModel, reply
+from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.rate_limit import ProviderLimits, provider_limits
+from dormant.runtime.admission import limit_for
+from dormant.runtime.limiter import Ask, MemoryLimiter
+from dormant.runtime.slice import Deferred, Idle
+from dormant.runtime.sweeper import sweep_once
+from dormant.stores.base import InboxState, NewThread, Priority, Store, ThreadStatus
+from tests.harness import Harness
+
+
+class Clock:
+    """A monotonic clock the test moves by hand."""
+
+    def __init__(self) -> None:
+        self.now_s = 1000.0
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+def _ask(slot: str = "s", *, tokens: int = 10, interactive: bool = False, flow: str = "a") -> Ask:
+    return Ask(tokens, slot, 30.0, interactive, flow)
+
+
+# The bucket -------------------------------------------------------------------------------
+
+
+def test_the_memory_bucket_never_admits_more_than_its_rpm_in_a_minute() -> None:
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(rpm=30, reserve=0.0)
+    admitted: list[int] = []
+
+    def hammer(worker: int) -> None:
+        for n in range(50):
+            ask = _ask(f"{worker}-{n}", interactive=True)  # no queue places: just the bucket
+            if limiter.acquire("b", limit, ask) == 0:
+                admitted.append(worker)
+
+    threads = [threading.Thread(target=hammer, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(admitted) == 30  # a full bucket, then nothing until it refills
+    clock.now_s += 10  # a sixth of a minute refills five requests
+    fresh = [limiter.acquire("b", limit, _ask(f"late-{n}", interactive=True)) for n in range(10)]
+    assert fresh.count(0.0) == 5
+    assert min(w for w in fresh if w) == pytest.approx(2.0)  # 60 s / 30 requests
+
+
+def test_tokens_are_estimated_before_and_corrected_after() -> None:
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(tpm=1000, reserve=0.0)
+    assert limiter.acquire("b", limit, _ask("one", tokens=900)) == 0
+    assert limiter.acquire("b", limit, _ask("two", tokens=200)) == pytest.approx(6.0)
+    limiter.release("b", limit, "one", correction_tokens=900 - 300)  # it used 300
+    assert limiter.acquire("b", limit, _ask("two", tokens=200)) == 0
+
+
+def test_a_concurrency_slot_comes_back_on_release_or_when_its_lease_ends() -> None:
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(concurrency=2, reserve=0.0)
+    assert limiter.acquire("b", limit, _ask("one")) == 0
+    assert limiter.acquire("b", limit, _ask("two")) == 0
+    assert limiter.acquire("b", limit, _ask("three", interactive=True)) > 0
+    limiter.release("b", limit, "one")
+    assert limiter.acquire("b", limit, _ask("three", interactive=True)) == 0
+    clock.now_s += 31  # "two" and "three" died holding their slots: their leases end
+    assert limiter.acquire("b", limit, _ask("four")) == 0
+    assert limiter.acquire("b", limit, _ask("five")) == 0
+
+
+def test_background_work_leaves_the_reserve_to_user_text() -> None:
+    limiter = MemoryLimiter(Clock())
+    limit = RateLimit(rpm=100, reserve=0.05)
+    background = [limiter.acquire("b", limit, _ask(f"bg{n}")) for n in range(100)]
+    assert background.count(0.0) == 95  # 5 (a twentieth) left for user text
+    assert limiter.acquire("b", limit, _ask("user", interactive=True)) == 0
+
+
+def test_background_work_leaves_a_concurrency_slot_to_user_text() -> None:
+    limiter = MemoryLimiter(Clock())
+    limit = RateLimit(concurrency=4, reserve=0.05)
+    background = [limiter.acquire("b", limit, _ask(f"bg{n}")) for n in range(4)]
+    assert background.count(0.0) == 3
+    assert limiter.acquire("b", limit, _ask("user", interactive=True)) == 0
+    alone = RateLimit(concurrency=1, reserve=0.05)  # one slot: nothing to keep back
+    assert limiter.acquire("alone", alone, _ask("bg")) == 0
+
+
+def test_refused_background_asks_queue_fairly_by_flow_and_weight() -> None:
+    limiter = MemoryLimiter(Clock())
+    limit = RateLimit(rpm=60, reserve=0.0)
+    for n in range(60):
+        assert limiter.acquire("b", limit, _ask(f"warm{n}")) == 0
+    burst = [limiter.acquire("b", limit, _ask(f"a{n}", flow="burst")) for n in range(20)]
+    assert burst == pytest.approx([1.0 + n for n in range(20)])  # one a second, in order
+    late = [limiter.acquire("b", limit, _ask(f"b{n}", flow="late")) for n in range(3)]
+    # the late agent is not queued behind the burst's 20: its places interleave with it
+    assert late[0] == pytest.approx(1.0) and late[2] < burst[10]
+    user = limiter.acquire("b", limit, _ask("u", interactive=True, flow="burst"))
+    assert user == pytest.approx(1.0)  # user text waits only for the next request
+
+
+def test_the_provider_drains_the_bucket_until_its_reset() -> None:
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(rpm=100)
+    limiter.feedback("b", limit, ProviderLimits(requests_remaining=0, requests_reset_s=7.5))
+    assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(7.5)
+    clock.now_s += 8
+    assert limiter.acquire("b", limit, _ask(interactive=True)) == 0
+    limiter.feedback("b", limit, ProviderLimits(retry_after_s=30))
+    assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(30)
+    clock.now_s += 30  # empty at the provider's time: no burst, one request per 0.6 s
+    assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(0.6)
+
+
+def test_openai_and_anthropic_rate_limit_headers_are_read() -> None:
+    now = datetime(2026, 1, 1, tzinfo=UTC)
+    openai = provider_limits(
+        {
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": "1m6.5s",
+            "x-ratelimit-remaining-tokens": "1200",
+            "x-ratelimit-reset-tokens": "250ms",
+        },
+        now,
+    )
+    assert openai == ProviderLimits(None, 0, 66.5, 1200, 0.25)
+    anthropic = provider_limits(
+        {
+            "anthropic-ratelimit-requests-remaining": "3",
+            "anthropic-ratelimit-requests-reset": "2026-01-01T00:00:20Z",
+            "anthropic-ratelimit-input-tokens-remaining": "0",
+            "anthropic-ratelimit-input-tokens-reset": "2026-01-01T00:00:05Z",
+        },
+        now,
+        retry_after_s=4.0,
+    )
+    assert anthropic == ProviderLimits(4.0, 3, 20.0, 0, 5.0)
+    assert not provider_limits({"content-type": "text/event-stream"}, now)
+
+
+# Configuration ----------------------------------------------------------------------------
+
+
+def test_limits_come_from_the_environment_by_model_name_or_base_url() -> None:
+    raw = '{"openai:gpt-4.1-mini": {"rpm": 500, "tpm": 200000, "concurrency": 20},'
+    raw += ' "http://127.0.0.1:9000/v1/": {"rpm": 60, "bucket": "local"}}'
+    settings = Settings.from_env({"DORMANT_RATE_LIMITS": raw})
+    by_name = limit_for(OpenAIModel("gpt-4.1-mini"), settings)
+    assert by_name == ("openai:gpt-4.1-mini", RateLimit(rpm=500, tpm=200000, concurrency=20))
+    local = OpenAIModel("other", base_url="http://127.0.0.1:9000/v1")
+    assert limit_for(local, settings) == ("local", RateLimit(rpm=60, bucket="local"))
+    own = OpenAIModel("own", rate_limit=RateLimit(concurrency=3))
+    assert limit_for(own, settings) == ("openai:own@default", RateLimit(concurrency=3))
+    assert limit_for(OpenAIModel("unlimited"), settings) is None
+    with pytest.raises(ConfigurationError, match="rpm"):
+        Settings.from_env({"DORMANT_RATE_LIMITS": '{"m": {"rpm": 0}}'})
+    with pytest.raises(ConfigurationError, match="not an object"):
+        Settings.from_env({"DORMANT_RATE_LIMITS": '{"m": {"rps": 3}}'})
+
+
+# A slice without capacity -----------------------------------------------------------------
+
+
+def _limited(harness: Harness, limit: RateLimit, clock: Clock) -> MemoryLimiter:
+    limiter = MemoryLimiter(clock)
+    settings = replace(harness.deps.settings, rate_limits=(("scripted", limit),))
+    harness.deps = replace(harness.deps, settings=settings, limiter=limiter)
+    return limiter
+
+
+def _launch(h: Harness, text: str, priority: Priority) -> str:
+    thread_id = f"thr_{text.replace(' ', '_')}"
+    message = (f"launch:{thread_id}", UserMessage(text=text), priority)
+    h.store.create_thread(NewThread(id=thread_id, agent="a", messages=[message]))
+    return thread_id
+
+
+def _sweep_at(store: Store, h: Harness, now: datetime) -> list[tuple[str, int]]:
+    woken: list[tuple[str, int]] = []
+
+    class Recording:
+        def wake(self, thread_id: str, priority: int) -> bool:
+            woken.append((thread_id, priority))
+            return True
+
+        def dispatch(self, row: object) -> None:
+            raise AssertionError("nothing to dispatch")
+
+    sweep_once(store, h.lease, Recording(), now, 0.0, 0.0)
+    return woken
+
+
+def test_a_slice_refused_admission_ends_at_once_and_finishes_when_capacity_returns(
+    store: Store,
+) -> None:
+    model = ScriptedModel(lambda items: reply("done"))
+    h = Harness(Agent("a", model=model), store=store)
+    clock = Clock()
+    limiter = _limited(h, RateLimit(rpm=1, reserve=0.0), clock)
+    first = _launch(h, "first", Priority.BACKGROUND)
+    second = _launch(h, "second", Priority.BACKGROUND)
+    assert isinstance(h.step(first), Idle)
+    outcome = h.step(second)
+    assert isinstance(outcome, Deferred) and outcome.wait_s == pytest.approx(60)
+    assert len(model.requests) == 1  # the model was never called for the second
+    info = store.thread(second)
+    assert info.failures == 0 and info.last_error == "" and info.status is ThreadStatus.IDLE
+    assert [row.state for row in store.inbox(second)] == [InboxState.PENDING]
+    assert store.history(second) == []
+    assert info.retry_at == outcome.not_before
+    now = datetime.now(UTC)
+    assert _sweep_at(store, h, now) == []  # not before its time
+    clock.now_s += 60
+    assert _sweep_at(store, h, now + timedelta(seconds=61)) == [(second, Priority.BACKGROUND)]
+    assert isinstance(h.step(second), Idle)
+    assert [row.state for row in store.inbox(second)] == [InboxState.DONE]
+    assert store.thread(second).retry_at is None
+    assert limiter.counters() == {
+        "admitted": 2,
+        "refused": 1,
+        "deferred": 1,
+        "rate_limited": 0,
+        "asleep_s": 0,
+    }
+
+
+class _TooManyRequests:
+    """A provider answering 429 with ``Retry-After: 30`` until told otherwise."""
+
+    name = "scripted"
+    context_window = 128_000
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.limited = True
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        self.calls += 1
+        if self.limited:
+            said = ProviderLimits(retry_after_s=30.0, requests_remaining=0)
+            raise ModelRetryable("429", retry_after_s=30.0, status=429, limits=said)
+        return reply("finally")
+
+
+def test_a_429_with_retry_after_defers_the_thread_without_sleeping(store: Store) -> None:
+    model = _TooManyRequests()
+    h = Harness(Agent("a", model=model), store=store)
+    slept: list[float] = []
+    h.deps = replace(h.deps, sleep=slept.append)
+    clock = Clock()
+    limiter = _limited(h, RateLimit(rpm=100), clock)
+    thread_id = h.launch("a", "hello")
+    outcome = h.step(thread_id)
+    assert isinstance(outcome, Deferred) and outcome.wait_s == pytest.approx(30)
+    assert slept == [] and model.calls == 1
+    assert store.thread(thread_id).failures == 0
+    # the bucket is drained for everyone until the provider's time
+    assert limiter.acquire("scripted", RateLimit(rpm=100), _ask()) == pytest.approx(30)
+    clock.now_s += 31  # refilled from the provider's time on: one request after 0.6 s
+    model.limited = False
+    assert isinstance(h.step(thread_id), Idle)
+    assert slept == []
+    assert [s.item.text for s in store.history(thread_id)[1:]] == ["finally"]  # type: ignore[union-attr]
+    assert limiter.counters()["rate_limited"] == 1
+
+
+def test_a_429_without_retry_after_defers_for_a_second() -> None:
+    class Bare:
+        name = "scripted"
+        context_window = 128_000
+
+        def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+            raise ModelRetryable("429 with no hint", status=429)
+
+    h = Harness(Agent("a", model=Bare()))
+    _limited(h, RateLimit(rpm=100), Clock())
+    outcome = h.step(h.launch("a", "hello"))
+    assert isinstance(outcome, Deferred) and outcome.wait_s == 1.0
+
+
+def test_without_a_limit_a_429_is_retried_in_the_slot_and_the_sleep_counted() -> None:
+    model = _TooManyRequests()
+    h = Harness(Agent("a", model=model))
+    slept: list[float] = []
+    limiter = MemoryLimiter(Clock())
+    h.deps = replace(h.deps, sleep=slept.append, limiter=limiter)
+    thread_id = h.launch("a", "hello")
+
+    def after_one(seconds: float) -> None:
+        slept.append(seconds)
+        model.limited = False
+
+    h.deps = replace(h.deps, sleep=after_one)
+    assert isinstance(h.step(thread_id), Idle)
+    assert slept == [30.0]  # today's behaviour: the provider's hint, slept in the slot
+    assert limiter.counters()["asleep_s"] == 30.0 and limiter.counters()["rate_limited"] == 1
+
+
+def test_user_text_is_woken_before_background_threads_when_capacity_returns(
+    store: Store,
+) -> None:
+    model = ScriptedModel(lambda items: reply("done"))
+    h = Harness(Agent("a", model=model), store=store)
+    clock = Clock()
+    _limited(h, RateLimit(rpm=2, reserve=0.0), clock)
+    for n in range(2):
+        assert isinstance(h.step(_launch(h, f"warm {n}", Priority.BACKGROUND)), Idle)
+    background = [_launch(h, f"job {n}", Priority.BACKGROUND) for n in range(3)]
+    waits = [h.step(t) for t in background]
+    user = _launch(h, "a user asks", Priority.INTERACTIVE)
+    refused = h.step(user)
+    assert all(isinstance(o, Deferred) for o in [*waits, refused])
+    assert isinstance(refused, Deferred)
+    # user text waits for the next request only; the background threads queue for theirs
+    queued = [o.wait_s for o in waits if isinstance(o, Deferred)]
+    assert queued == sorted(queued) and refused.wait_s == min(queued) < max(queued)
+    later = datetime.now(UTC) + timedelta(hours=1)
+    woken = _sweep_at(store, h, later)
+    assert woken[0] == (user, Priority.INTERACTIVE)
+    assert sorted(t for t, _ in woken[1:]) == sorted(background)
+
+
+def test_user_text_for_a_deferred_thread_does_not_wait_for_its_place(store: Store) -> None:
+    model = ScriptedModel(lambda items: reply("done"))
+    h = Harness(Agent("a", model=model), store=store)
+    clock = Clock()
+    _limited(h, RateLimit(rpm=1, reserve=0.0), clock)
+    assert isinstance(h.step(_launch(h, "warm", Priority.BACKGROUND)), Idle)
+    thread_id = _launch(h, "job", Priority.BACKGROUND)
+    assert isinstance(h.step(thread_id), Deferred)
+    now = datetime.now(UTC)
+    assert _sweep_at(store, h, now) == []
+    # user text whose own wake was lost (a broker that dropped it): the sweeper wakes the
+    # thread for it at once, not at the background place
+    store.enqueue(thread_id, "user-1", UserMessage(text="and now?"), Priority.INTERACTIVE)
+    assert _sweep_at(store, h, now) == [(thread_id, Priority.INTERACTIVE)]
+    # a thread backing off after a failure still waits: that backoff protects the provider
+    store.record_failure(thread_id, "ModelRetryable: 500", 5, now + timedelta(hours=1))
+    assert _sweep_at(store, h, now) == []
+
+
+def test_a_local_system_with_limits_finishes_every_thread() -> None:
+    running = 0
+    most = 0
+    lock = threading.Lock()
+    done = threading.Event()
+
+    class Slow(ScriptedModel):
+        def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+            nonlocal running, most
+            with lock:
+                running += 1
+                most = max(most, running)
+            done.wait(0.02)  # a call that takes a little while (never set)
+            with lock:
+                running -= 1
+            return super().complete(request, on_chunk)
+
+    def script(items: Sequence[Item]) -> Completion:
+        return reply(f"answered {len(items)}")
+
+    model = Slow(script)
+    settings = Settings(
+        sweep_interval_s=0.05, rate_limits=(("scripted", RateLimit(concurrency=1)),)
+    )
+    with LocalSystem([Agent("a", model=model)], "memory://", settings=settings) as system:
+        threads = [system.launch("a", f"question {n}") for n in range(6)]
+        system.run_until_idle(timeout_s=60)
+        for thread_id in threads:
+            assert [i.kind for i in system.history(thread_id)] == ["user", "assistant"]
+        counters = system.deps.limiter.counters()  # type: ignore[union-attr]
+    assert most == 1
+    assert counters["admitted"] == 6 and counters["deferred"] >= 1
+
+
+# The providers' headers, through the real SDKs ----------------------------------------------
+
+
+def test_the_openai_model_hands_on_what_the_provider_said_about_its_limits() -> None:
+    from dataclasses import replace as with_headers
+
+    from tests.fake_providers import FakeProvider, openai_error, openai_stream
+
+    said = {"x-ratelimit-remaining-requests": "41", "x-ratelimit-reset-requests": "12s"}
+    refused = {"retry-after": "7", "x-ratelimit-remaining-tokens": "0"}
+    with FakeProvider.openai() as fake:
+        fake.script(
+            with_headers(openai_stream(["hi"]), headers=said),
+            openai_error(429, "slow down", refused),
+        )
+        model = OpenAIModel("gpt-test", base_url=fake.base_url, api_key="k")
+        request = ModelRequest("t", "", (UserText(text="hello"),), ())
+        completion = model.complete(request, lambda _: None)
+        assert completion.limits == ProviderLimits(requests_remaining=41, requests_reset_s=12)
+        with pytest.raises(ModelRetryable) as error:
+            model.complete(request, lambda _: None)
+        model.close()
+    assert error.value.status == 429 and error.value.retry_after_s == 7
+    assert error.value.limits == ProviderLimits(retry_after_s=7, tokens_remaining=0)
+
+
+def test_the_anthropic_model_hands_on_what_the_provider_said_about_its_limits() -> None:
+    from dataclasses import replace as with_headers
+
+    from dormant.models import AnthropicModel
+    from tests.fake_providers import FakeProvider, anthropic_error, anthropic_stream
+
+    said = {
+        "anthropic-ratelimit-tokens-remaining": "0",
+        "anthropic-ratelimit-tokens-reset": "2099-01-01T00:00:00Z",
+    }
+    with FakeProvider.anthropic() as fake:
+        fake.script(
+            with_headers(anthropic_stream(["hi"]), headers=said),
+            anthropic_error(429, "rate_limit_error", "slow down", {"retry-after": "3"}),
+        )
+        model = AnthropicModel("claude-test", base_url=fake.base_url, api_key="k")
+        request = ModelRequest("t", "", (UserText(text="hello"),), ())
+        limits = model.complete(request, lambda _: None).limits
+        assert limits is not None and limits.tokens_remaining == 0
+        assert limits.tokens_reset_s is not None and limits.tokens_reset_s > 3600
+        with pytest.raises(ModelRetryable) as error:
+            model.complete(request, lambda _: None)
+        model.close()
+    assert error.value.status == 429 and error.value.retry_after_s == 3
