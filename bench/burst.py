@@ -15,7 +15,7 @@ PostgreSQL database (``dormant_bench_<hex>``, dropped after) and Redis key prefi
 
 Reported for each run, side by side: wall time of the burst (launch to the last agent's
 answer committed) against the limit's ideal, 429s the server answered, worker slot time
-spent asleep in retry backoff (``bench/burst_app.py`` times the slice's backoff sleeps),
+spent asleep in retry backoff (the workers' admission counter ``asleep_s``),
 utilisation of the limit (requests served / (RPM x minutes)), user text sent → the server's
 first chunk for it and → its answer committed (p50), the longest gap between two sweeps
 (beat stamps each sweep in Redis; the driver polls it), and whether every agent finished.
@@ -132,8 +132,10 @@ class Deployment:
             if proc.poll() is not None:
                 raise RuntimeError(f"{proc.args} exited with {proc.returncode}: see {self.log}")
 
-    def counter(self, name: str) -> int:
-        return int(self.redis.get(f"{self.prefix}:bench:{name}") or 0)
+    def admission(self, name: str) -> float:
+        """One of the workers' admission counters (``stores/redis_limiter.py``): kept with
+        and without limits, so both runs count their slots' seconds asleep in backoff."""
+        return float(self.redis.hget(f"{self.prefix}:admission", name) or 0)
 
     def answered(self, prefix: str, turns: int = 1) -> dict[str, float]:
         """Threads whose id starts with ``prefix`` that have ``turns`` assistant turns, and
@@ -236,8 +238,8 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
         d,
         300,
     )
-    asleep_ms_before = d.counter("asleep_ms")
-    sleeps_before = d.counter("retry_sleeps")
+    asleep_before = d.admission("asleep_s")
+    deferred_before = d.admission("deferred")
 
     sent_at: dict[str, float] = {}
     texts: dict[str, str] = {}
@@ -284,9 +286,7 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
         if texts[t] in provider.first_chunk_at
     ]
     committed = [user_done[t] - sent_at[t] for t in users if t in user_done]
-    asleep_s: float | None = (d.counter("asleep_ms") - asleep_ms_before) / 1000
-    if d.counter("instrumented") != 1:
-        asleep_s = None  # the slice no longer calls complete_with_retry: not measured
+    asleep_s = d.admission("asleep_s") - asleep_before
     return {
         "wall_s": wall_s,
         "ideal_s": ideal_s,
@@ -294,9 +294,9 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
         "requests": len(window),
         "served": served,
         "answered_429": len(window) - served,
-        "retry_sleeps": d.counter("retry_sleeps") - sleeps_before,
+        "deferred": d.admission("deferred") - deferred_before,
         "asleep_s": asleep_s,
-        "asleep_share": None if asleep_s is None else asleep_s / (s.concurrency * wall_s),
+        "asleep_share": asleep_s / (s.concurrency * wall_s),
         "utilisation": served / (s.rpm * wall_s / 60),
         "first_token_s": first_token,
         "first_token_p50_s": statistics.median(first_token) if first_token else None,
@@ -373,8 +373,6 @@ def _rows(s: Scenario, runs: dict[str, dict[str, Any]]) -> list[tuple[str, list[
 
 
 def _asleep(r: dict[str, Any]) -> str:
-    if r["asleep_s"] is None:
-        return "not measured (see burst_app.py)"
     return f"{r['asleep_s']:.0f} slot-s, {r['asleep_share']:.0%}"
 
 
