@@ -15,6 +15,7 @@ every id given before, with a ``start`` entry that tells readers text may be los
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, cast
 
@@ -169,6 +170,7 @@ class RedisLive:
         self.ttl_s = ttl_s
         self._watch = client.register_script(_WATCH)
         self._async: redis.asyncio.Redis | None = None
+        self._async_loop: asyncio.AbstractEventLoop | None = None
 
     def keys(self, thread_id: str) -> list[str]:
         return live_keys(self._prefix, thread_id)
@@ -191,9 +193,11 @@ class RedisLive:
     async def aread(
         self, thread_id: str, after: tuple[int, int], block_s: float
     ) -> list[LiveEntry]:
-        if self._async is None:
+        loop = asyncio.get_running_loop()
+        if self._async is None or self._async_loop is not loop:  # a client serves one loop
             if self._url is None:
                 raise RuntimeError("RedisLive needs url= to read without a thread")
+            self._async_loop = loop
             self._async = redis.asyncio.Redis.from_url(
                 self._url, decode_responses=True, socket_connect_timeout=5, socket_timeout=15
             )
