@@ -69,9 +69,7 @@ class Rig:
 
     def __init__(self, redis_url: str, prefix: str, folder: Path) -> None:
         self.database_url = f"sqlite:///{folder / 'rig.db'}"
-        self.settings = Settings(
-            redis_url=redis_url, key_prefix=prefix, secret_keys=("bench",)
-        )
+        self.settings = Settings(redis_url=redis_url, key_prefix=prefix, secret_keys=("bench",))
         model = SimulatedModel(completion_chars=1200, seed=7)
         agent = Agent("bench", model=model)
         self.system = LocalSystem([agent], self.database_url, settings=self.settings)
