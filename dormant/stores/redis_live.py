@@ -70,7 +70,9 @@ local function live_append(kw, ks, km, kind, data, attempt, seq, status, maxlen)
     if cid > c then
       redis.call('HSET', km, 'c', string.format('%d', cid))
     end
-    redis.call('HDEL', km, 'partial')
+    if status == 'assistant' then
+      redis.call('HDEL', km, 'partial')  -- the answer is in: its text is no longer pending
+    end
     live_add(ks, km, cid, 0, kind, data, maxlen)
     return
   end
@@ -96,7 +98,8 @@ local function live_append(kw, ks, km, kind, data, attempt, seq, status, maxlen)
 end
 """
 """Lua functions for the scripts that publish events: ``live_append(watch, stream, meta,
-kind, json, attempt, seq, status, maxlen)`` appends one event if its thread is watched."""
+kind, json, attempt, seq, label, maxlen)`` appends one event if its thread is watched
+(``status`` in the Lua is the label: a status's value, or an item's kind)."""
 
 # KEYS: watch, stream, meta; ARGV: c (or ""), ttl in ms, maxlen. Marks the thread watched, raises
 # the boundary to c, and starts the log (a "start" entry) if it has none.
@@ -132,11 +135,15 @@ def live_keys(prefix: str, thread_id: str) -> list[str]:
 
 def live_args(event: Event, data: str) -> list[str]:
     """The ``live_append`` arguments of ``event`` after its keys: kind, JSON, attempt, seq,
-    status."""
+    label (a status's value or an item's kind)."""
     attempt = event.attempt if isinstance(event, Chunk) else ""
     seq = str(event.seq) if isinstance(event, ItemAdded) else "0"
-    status = event.status if isinstance(event, StatusChanged) else ""
-    return [event.kind, data, attempt, seq, status]
+    label = ""  # a status's value, or an item's kind
+    if isinstance(event, StatusChanged):
+        label = event.status
+    elif isinstance(event, ItemAdded):
+        label = event.item.kind
+    return [event.kind, data, attempt, seq, label]
 
 
 _MAX_BLOCK_MS = 4000
