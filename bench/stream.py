@@ -4,8 +4,8 @@
     python bench/stream.py [--threads 100] [--events 5000] [--connections 200]
         [--out bench/results/stream.json]
 
-Needs the local Redis (db ``--redis-db``, 13; never 0) under a fresh key prefix, deleted at
-the end. Agents run in this process (``LocalSystem``, memory store) and publish their events
+Starts a ``redis-server`` of its own (so its command counts are this run's), stopped at the
+end. Agents run in this process (``LocalSystem``, memory store) and publish their events
 to Redis through ``RedisEvents`` (the scripts a Celery worker's slices run), so the Redis
 side is the deployment's; readers use ``RedisLive`` as ``Client.stream`` and ``dormant
 serve`` do.
@@ -16,8 +16,10 @@ serve`` do.
 2. **Listeners**: ``--threads`` threads (SQLite file) run a streamed turn each
    (``SimulatedModel``, 1,200 characters in ~25 chunks), first with no reader, then with
    one async reader per thread in another process (100 open streams): slices/s, the
-   ratio, and the CPU time per slice of the process running them (on a machine with few
-   cores the listeners' own CPU shows in the wall-clock figure; the slices' does not move).
+   ratio, the CPU time per slice of the process running them, and per slice the scripts
+   Redis ran and their time in Redis (``INFO commandstats``). On a machine with few cores
+   the listeners' own CPU shows in the wall-clock figure; the slices' round trips do not
+   move.
 3. **SSE memory**: ``dormant serve`` on an SQLite file; ``--connections`` idle SSE
    connections opened on one thread's stream; the server's RSS before and after, per
    connection, and a ``/healthz`` answer time with all of them open.
@@ -29,13 +31,14 @@ import argparse
 import asyncio
 import json
 import os
-import secrets
 import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +60,12 @@ def rss_bytes(pid: int) -> int:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
     raise RuntimeError(f"no VmRSS for process {pid}")
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process ``pid`` has used."""
+    utime, stime = (int(v) for v in Path(f"/proc/{pid}/stat").read_text().split()[13:15])
+    return (utime + stime) / os.sysconf("SC_CLK_TCK")
 
 
 def emit(record: dict[str, Any]) -> None:
@@ -165,8 +174,11 @@ def listeners(rig: Rig, threads: int) -> dict[str, float]:
     ids = [rig.system.launch("bench", "warm up") for _ in range(threads)]
     rig.system.run_until_idle(timeout_s=600)
     results: dict[str, float] = {}
-    for label in ("no_listeners", "listeners"):
+    # The baseline runs again after: each turn makes the histories longer, and a machine
+    # shared with other work drifts; the listeners' run is compared with both.
+    for label in ("no_listeners", "listeners", "no_listeners_after"):
         listening: subprocess.Popen[str] | None = None
+        listener_cpu_s = 0.0
         if label == "listeners":
             argv = [rig.database_url, rig.settings.redis_url, rig.settings.key_prefix, *ids]
             listening = subprocess.Popen(
@@ -175,16 +187,32 @@ def listeners(rig: Rig, threads: int) -> dict[str, float]:
             assert listening.stdout is not None
             if listening.stdout.readline().strip() != "ready":
                 raise RuntimeError("the listeners did not start")
+            listener_cpu_s = _cpu_s(listening.pid)  # its start-up is not the streams' cost
+        rig.redis.config_resetstat()
         started, cpu_s = time.monotonic(), time.process_time()
         for thread_id in ids:
             rig.system.send(thread_id, f"{label}: go on")
         rig.system.run_until_idle(timeout_s=600)
         results[f"{label}_slices_per_s"] = threads / (time.monotonic() - started)
         results[f"{label}_cpu_ms_per_slice"] = 1000 * (time.process_time() - cpu_s) / threads
+        stats = rig.redis.info("commandstats")
+        scripts = stats.get("cmdstat_evalsha", {"calls": 0, "usec": 0})
+        results[f"{label}_scripts_per_slice"] = scripts["calls"] / threads
+        results[f"{label}_redis_script_us_per_slice"] = scripts["usec"] / threads
+        results[f"{label}_xadd_per_slice"] = (
+            stats.get("cmdstat_xadd", {"calls": 0})["calls"] / threads
+        )
         if listening is not None:
+            used_s = _cpu_s(listening.pid) - listener_cpu_s
+            results["listeners_process_cpu_ms_per_slice"] = 1000 * used_s / threads
             listening.kill()
             listening.wait(30)
-    results["ratio"] = results["listeners_slices_per_s"] / results["no_listeners_slices_per_s"]
+            # as if their watch marks had expired: the baseline again, unwatched
+            rig.redis.delete(*[rig.live.keys(t)[0] for t in ids])
+    baseline = (
+        results["no_listeners_slices_per_s"] + results["no_listeners_after_slices_per_s"]
+    ) / 2
+    results["ratio"] = results["listeners_slices_per_s"] / baseline
     return results
 
 
@@ -195,10 +223,36 @@ def free_port() -> int:
         return port
 
 
+@contextmanager
+def own_redis(folder: Path) -> Iterator[str]:
+    """A ``redis-server`` of this run's own: its command counts are this run's alone."""
+    port = free_port()
+    argv = ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    server = subprocess.Popen(
+        [*argv, "--appendonly", "no", "--dir", str(folder), "--maxclients", "4000"],
+        stdout=subprocess.DEVNULL,
+    )
+    url = f"redis://127.0.0.1:{port}/0"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                redis.Redis.from_url(url).ping()
+                break
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+        yield url
+    finally:
+        server.terminate()
+        server.wait(30)
+
+
 def sse_memory(redis_url: str, prefix: str, connections: int) -> dict[str, float]:
     """RSS of ``dormant serve`` with ``connections`` idle SSE streams open."""
     folder = Path(tempfile.mkdtemp(prefix="dormant-stream-bench-"))
-    database_url = f"sqlite:///{folder / 'dormant.db'}"
+    database_url = f"sqlite:///{folder / 'serve.db'}"
     port = free_port()
     env = {
         **os.environ,
@@ -218,7 +272,7 @@ def sse_memory(redis_url: str, prefix: str, connections: int) -> dict[str, float
         [sys.executable, "-m", "dormant", "serve", "--host", "127.0.0.1", "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        stderr=(folder / "serve.log").open("wb"),
     )
     try:
         base = f"http://127.0.0.1:{port}"
@@ -280,33 +334,20 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=100)
     parser.add_argument("--events", type=int, default=5000)
     parser.add_argument("--connections", type=int, default=200)
-    parser.add_argument(
-        "--redis", default=os.environ.get("DORMANT_BENCH_REDIS", "redis://127.0.0.1:6379")
-    )
-    parser.add_argument("--redis-db", type=int, default=13)
     parser.add_argument("--out", type=Path, default=HERE / "results" / "stream.json")
     args = parser.parse_args()
-    if args.redis_db == 0:
-        parser.error("--redis-db 0 is where real deployments live: pick another")
-    redis_url = f"{args.redis.rstrip('/')}/{args.redis_db}"
-    prefix = f"dstreambench{secrets.token_hex(4)}"
-    rig = Rig(redis_url, prefix, Path(tempfile.mkdtemp(prefix="dormant-stream-bench-")))
-    try:
-        result: dict[str, Any] = {"delivery": delivery(rig, args.events)}
-        emit({"delivery": result["delivery"]})
-        result["listeners"] = listeners(rig, args.threads)
-        emit({"listeners": result["listeners"]})
-    finally:
-        rig.close()
-    try:
-        result["sse"] = sse_memory(redis_url, prefix + "sse", args.connections)
+    folder = Path(tempfile.mkdtemp(prefix="dormant-stream-bench-"))
+    with own_redis(folder) as redis_url:
+        rig = Rig(redis_url, "dstreambench", folder)
+        try:
+            result: dict[str, Any] = {"delivery": delivery(rig, args.events)}
+            emit({"delivery": result["delivery"]})
+            result["listeners"] = listeners(rig, args.threads)
+            emit({"listeners": result["listeners"]})
+        finally:
+            rig.close()
+        result["sse"] = sse_memory(redis_url, "dstreambenchsse", args.connections)
         emit({"sse": result["sse"]})
-    finally:
-        conn = redis.Redis.from_url(redis_url)
-        keys = list(conn.scan_iter(match=f"{prefix}*", count=1000))
-        if keys:
-            conn.delete(*keys)
-        conn.close()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=2) + "\n")
     emit({"result": result})

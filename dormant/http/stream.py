@@ -182,6 +182,7 @@ async def _pump(body: AsyncGenerator[bytes, None], receive: Receive, send: Send)
     """Send ``body`` until it ends or the peer goes away (then stop reading at once)."""
     gone = asyncio.ensure_future(_disconnected(receive))
     chunks = aiter(body)
+    step: asyncio.Future[bytes] | None = None
     try:
         while True:
             step = asyncio.ensure_future(anext(chunks))
@@ -199,6 +200,10 @@ async def _pump(body: AsyncGenerator[bytes, None], receive: Receive, send: Send)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     finally:
         gone.cancel()
+        if step is not None and not step.done():  # cancelled mid-wait (a server stopping)
+            step.cancel()
+            with contextlib.suppress(BaseException):
+                await step
         await body.aclose()
 
 

@@ -151,6 +151,11 @@ _MAX_BLOCK_MS = 4000
 wait is never mistaken for a dead Redis; a reader simply asks again."""
 
 
+_MAX_WAITING = 10_000
+"""How many streams of one process may wait on Redis at once (each ``XREAD BLOCK`` holds a
+connection of the async pool)."""
+
+
 def _entry(stream_id: str, fields: dict[str, str]) -> LiveEntry:
     c, _, n = stream_id.partition("-")
     data: dict[str, Any] = json.loads(fields["d"])
@@ -206,7 +211,11 @@ class RedisLive:
                 raise RuntimeError("RedisLive needs url= to read without a thread")
             self._async_loop = loop
             self._async = redis.asyncio.Redis.from_url(
-                self._url, decode_responses=True, socket_connect_timeout=5, socket_timeout=15
+                self._url,
+                decode_responses=True,
+                socket_connect_timeout=5,
+                socket_timeout=15,
+                max_connections=_MAX_WAITING,  # one a waiting stream (redis-py's default: 100)
             )
         stream = self.keys(thread_id)[1]
         last = f"{after[0]}-{after[1]}"
