@@ -158,6 +158,26 @@ def test_an_idle_sse_body_sends_heartbeats() -> None:
         assert rest[-1].startswith(b"id: ") and b"event: status\n" in rest[-1]
 
 
+def test_new_text_steering_a_slice_away_mid_answer_says_retry() -> None:
+    model = Streamer(words=300, pause_s=0.005)
+    settings = Settings(chunk_flush_s=0.0, steer_check_s=0.01)
+    agent = Agent("streamer", model=model, steering="interrupt")
+    with LocalSystem([agent], "memory://", settings=settings) as system:
+        thread_id = system.launch("streamer", "turn 0")
+        system.run_until_idle(timeout_s=30)
+        reader = BackgroundReader(_opener(system, thread_id))
+        wait_for(lambda: bool(reader.got.events), "the reader to start")
+        system.send(thread_id, "turn 1")
+        wait_for(lambda: reader.count(StreamChunk) >= 5, "text to stream")
+        system.send(thread_id, "turn 2")  # steers the running slice away
+        system.run_until_idle(timeout_s=60)
+        system.close_thread(thread_id)
+        got = reader.result(30)
+        stored = system.stored_history(thread_id)
+    retries = check_rebuilds(got.events, stored, whole_from=3)
+    assert retries[0] == "the model's answer was abandoned and is being retried"
+
+
 def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
