@@ -10,10 +10,19 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from dormant import Agent, LocalSystem, Settings
+from dormant import Agent, LocalSystem, Settings, ToolContext, tool
 from dormant.errors import InvalidStreamId, UnknownThread
 from dormant.http.stream import sse_response
-from dormant.streams import StreamChunk, StreamEvent, StreamRetry, StreamStatus
+from dormant.messages import Item, UserText
+from dormant.models import Completion, ScriptedModel, call, reply
+from dormant.streams import (
+    StreamChunk,
+    StreamDispatched,
+    StreamEvent,
+    StreamItem,
+    StreamRetry,
+    StreamStatus,
+)
 from tests.conftest import BACKENDS, StoreOpener
 from tests.stream_support import BackgroundReader, Streamer, check_rebuilds
 
@@ -176,6 +185,48 @@ def test_new_text_steering_a_slice_away_mid_answer_says_retry() -> None:
         stored = system.stored_history(thread_id)
     retries = check_rebuilds(got.events, stored, whole_from=3)
     assert retries[0] == "the model's answer was abandoned and is being retried"
+
+
+@tool(deferred=True)
+def run_build(target: str, ctx: ToolContext) -> None:
+    """Start a build; its result comes later."""
+
+
+def _builder(history: list[Item]) -> Completion:
+    last = history[-1]
+    if isinstance(last, UserText) and last.text == "build":
+        return reply("starting", call("run_build", target="main"))
+    return reply(f"noted: {getattr(last, 'content', getattr(last, 'text', ''))}")
+
+
+def test_a_live_reader_sees_dispatches_and_what_a_thread_waits_on() -> None:
+    agent = Agent("builder", model=ScriptedModel(_builder), tools=[run_build])
+    with LocalSystem([agent], "memory://") as system:
+        thread_id = system.launch("builder", "hello")
+        system.run_until_idle()
+        reader = BackgroundReader(_opener(system, thread_id))
+        wait_for(lambda: bool(reader.got.events), "the reader to start")
+        system.send(thread_id, "build")
+        system.run_until_idle()
+        wait_for(lambda: reader.count(StreamStatus) >= 1, "the waiting status")
+        call_id = next(e.call_id for e in reader.got.events if isinstance(e, StreamDispatched))
+        system.deliver(thread_id, call_id, "green")
+        system.run_until_idle()
+        system.close_thread(thread_id)
+        got = reader.result(30)
+        stored = system.stored_history(thread_id)
+    check_rebuilds(got.events, stored, whole_from=3)
+    live = [e for e in got.events if not isinstance(e, (StreamItem, StreamChunk))]
+    assert [(e.type, getattr(e, "status", None)) for e in live] == [
+        ("status", "waiting"),
+        ("dispatched", None),
+        ("status", "idle"),
+        ("status", "closed"),
+    ]
+    assert live[0] == StreamStatus(
+        id=live[0].id, status="waiting", detail=f"on run_build ({call_id})"
+    )
+    assert live[1] == StreamDispatched(id=live[1].id, call_id=call_id, name="run_build")
 
 
 def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:

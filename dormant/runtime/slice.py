@@ -484,7 +484,8 @@ class _Slice:
             for row, reason in applied.rejected
         ]
         if status is not snap.thread.status:
-            events.append(StatusChanged(thread_id=self.thread_id, status=status))
+            detail = _waiting_on(applied) if status is ThreadStatus.WAITING else ""
+            events.append(StatusChanged(thread_id=self.thread_id, status=status, detail=detail))
         for thread_id in {t for t, *_ in turn.enqueue}:
             deps.dispatcher.wake(thread_id, Priority.BACKGROUND)
         for outbox in rows:
@@ -496,6 +497,12 @@ class _Slice:
             )
         if rows:  # one stamp for all: a row sent but not stamped is only sent again
             deps.store.mark_dispatched([outbox.id for outbox in rows])
+
+
+def _waiting_on(applied: Applied) -> str:
+    """What a waiting thread waits for, for its status event: ``"on run_build (call_1)"``."""
+    calls = [c for c in applied.calls.values() if c.state is CallState.PENDING]
+    return "on " + ", ".join(f"{c.name} ({c.call_id})" for c in calls) if calls else ""
 
 
 def _status(thread: ThreadInfo, applied: Applied, turn: Turn) -> ThreadStatus:
