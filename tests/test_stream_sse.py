@@ -56,6 +56,7 @@ def sse_events(
     with httpx.stream("GET", url, headers=headers, timeout=httpx.Timeout(60.0)) as response:
         assert response.status_code == 200, response.read()
         assert response.headers["content-type"].startswith("text/event-stream")
+        assert response.headers["access-control-allow-origin"] == "*"
         fields: dict[str, str] = {}
         for line in response.iter_lines():
             if line.startswith(":") or line.startswith("retry:"):

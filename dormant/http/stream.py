@@ -173,7 +173,10 @@ async def serve_stream(client: BaseClient, scope: Scope, receive: Receive, send:
     except InvalidStreamId as error:
         await _reply(send, 400, {"error": str(error)})
         return
-    start = [(k.lower().encode(), v.encode()) for k, v in SSE_HEADERS]
+    # Any origin may read with a token (it is the capability; no cookie is involved), so a
+    # page served elsewhere can open the stream with EventSource.
+    headers_out = [*SSE_HEADERS, ("Access-Control-Allow-Origin", "*")]
+    start = [(k.lower().encode(), v.encode()) for k, v in headers_out]
     await send({"type": "http.response.start", "status": 200, "headers": start})
     await _pump(_abody(reader, HEARTBEAT_S), receive, send)
 
