@@ -129,6 +129,25 @@ end
 """
 _END = LIVE_LUA + _END_EVENTS + _LIVE_EVENTS + _RELEASE  # then a release: the same keys and token
 _PUBLISH = LIVE_LUA + _END_EVENTS + _LIVE_EVENTS  # events alone: KEYS[1..3] unused
+# The hot path, a live chunk of a long completion: KEYS the thread's live keys; ARGV its
+# channel, the chunk's JSON, its attempt, the log's maxlen. One PUBLISH, one EXISTS.
+_CHUNK = (
+    """
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+"""
+    + LIVE_LUA
+    + """
+live_append(KEYS[1], KEYS[2], KEYS[3], 'chunk', ARGV[2], ARGV[3], '0', '', ARGV[4])
+return 1
+"""
+)
+_UNWATCHED_S = 1.0
+"""How long a chunk's answer "nobody watches this thread" is trusted within one attempt:
+meanwhile its chunks are a plain ``PUBLISH``, as before streams existed. A reader that starts
+watching mid-answer misses at most this much more of that answer's text."""
 
 
 def redis_client(settings: Settings) -> Redis:
@@ -313,6 +332,11 @@ class RedisEvents:
         self.keep = keep
         self.ttl_s = ttl_s
         self._publish = client.register_script(_PUBLISH)
+        self._chunk = client.register_script(_CHUNK)
+        self._unwatched: dict[str, tuple[str, float]] = {}
+        """Threads a chunk found unwatched: the attempt streaming then, and until when
+        (monotonic seconds) to trust it. A new attempt always asks, so a reader that came
+        between two answers gets the whole of the next."""
 
     def channel(self, thread_id: str) -> str:
         return f"{self._prefix}:events:{thread_id}"
@@ -328,12 +352,33 @@ class RedisEvents:
         its dedup and release)."""
         if not events:
             return
-        keys = [self.channel(events[0].thread_id)] * 3  # the end's lease and dedup keys: unused
+        first = events[0]
+        keys = [self.channel(first.thread_id)] * 3  # the end's lease and dedup keys: unused
         try:
+            if len(events) == 1 and isinstance(first, Chunk):
+                self._publish_chunk(first)
+                return
             self._publish(keys=keys, args=["", 1, 0, *self.script_args(keys, events)])
         except redis.RedisError:
             kinds = ", ".join(sorted({e.kind for e in events}))
             log.warning("publishing %s events failed", kinds, exc_info=True)
+
+    def _publish_chunk(self, chunk: Chunk) -> None:
+        """One live chunk: a plain ``PUBLISH`` while its thread is known unwatched, else the
+        script that also appends it to the live log (and says whether anyone watches)."""
+        now = time.monotonic()
+        channel, data = self.channel(chunk.thread_id), _json(chunk)
+        attempt, until = self._unwatched.get(chunk.thread_id, ("", 0.0))
+        if attempt == chunk.attempt and until > now:
+            self._client.publish(channel, data)
+            return
+        keys = live_keys(self._prefix, chunk.thread_id)
+        if self._chunk(keys=keys, args=[channel, data, chunk.attempt, LIVE_KEEP]):
+            self._unwatched.pop(chunk.thread_id, None)
+            return
+        if len(self._unwatched) > 10_000:  # bounded: forget the lot, ask again
+            self._unwatched.clear()
+        self._unwatched[chunk.thread_id] = (chunk.attempt, now + _UNWATCHED_S)
 
     def script_args(self, keys: list[str], events: list[Event]) -> list[str | int]:
         """The end script's arguments for ``events``, after the dedup ids: each published on
