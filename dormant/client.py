@@ -132,8 +132,11 @@ class Client(BaseClient):
         else:
             dispatcher = CeleryDispatcher(celery_app, marks, labels=store.labels)
 
+        live = RedisLive(redis, settings.key_prefix, url=settings.redis_url)
+
         def close() -> None:
             store.close()
+            live.close()
             redis.close()
             if celery_app is None:  # the dispatcher's own app; never the host's
                 dispatcher.close_broker()
@@ -150,7 +153,7 @@ class Client(BaseClient):
             dispatcher=dispatcher.dispatch,
             lease=RedisLease(redis, settings.key_prefix),
         )
-        client.live = RedisLive(redis, settings.key_prefix, url=settings.redis_url)
+        client.live = live
         return client
 
     def wake(self, thread_id: str, priority: int) -> bool:

@@ -130,12 +130,13 @@ def check_rebuilds(
                 partial += event.text
             case StreamRetry():
                 retries.append(event.reason)
-                lost_start = "lost" in event.reason
+                # after a lost log, the answer's text may resume mid-way until it commits
+                lost_start = lost_start or "lost" in event.reason
                 partial = ""
             case StreamItem(item=AssistantTurn() as turn):
                 if partial or event.seq >= whole_from:
                     if event.seq >= whole_from and not lost_start:
-                        assert partial == turn.text, (event.seq, partial, turn.text)
+                        assert partial == turn.text, (event.seq, partial, turn.text, _trail(events))
                     else:
                         assert turn.text.endswith(partial), (event.seq, partial, turn.text)
                 partial = ""
@@ -145,3 +146,17 @@ def check_rebuilds(
             case _:
                 pass
     return retries
+
+
+def _trail(events: list[StreamEvent]) -> str:
+    """The events in short, for a failure's message."""
+    parts = []
+    for e in events:
+        match e:
+            case StreamChunk():
+                parts.append(f"{e.id}:{e.text.strip()}")
+            case StreamRetry():
+                parts.append(f"{e.id}:RETRY({e.reason[:20]})")
+            case _:
+                parts.append(f"{e.id}:{e.type}")
+    return " ".join(parts)

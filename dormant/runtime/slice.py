@@ -367,9 +367,12 @@ class _Slice:
         self.flushed_at = now
 
     def _chunk(self) -> Chunk:
-        # The boundary first: a log that moved past it (the commit's items are in) drops
-        # the chunk, which the committed item already holds.
-        attempt = f"{self.boundary}:{self.token[:12]}:{self.attempts}"
+        # "<boundary>:<slice start, ms>:<lease token>:<model attempt>". A log that moved
+        # past the boundary (the commit's items are in) drops the chunk, which the item
+        # holds; of two attempts, the one begun later wins (a slice whose lease was lost
+        # may stream on a moment beside its successor).
+        started_ms = int(self.started_at.timestamp() * 1000)
+        attempt = f"{self.boundary}:{started_ms}:{self.token[:8]}:{self.attempts}"
         return Chunk(thread_id=self.thread_id, text=self.streamed, attempt=attempt)
 
     def _between_attempts(self, wait_s: float) -> None:

@@ -56,6 +56,10 @@ local function live_add(ks, km, c, n, kind, data, maxlen)
   redis.call('HSET', km, 'lc', cs, 'ln', ns)
   return cs .. '.' .. ns
 end
+local function live_rank(attempt)
+  local started, n = string.match(attempt, '^%d+:(%d+):[^:]*:(%d+)$')
+  return tonumber(started or '0'), tonumber(n or '0')
+end
 local function live_append(kw, ks, km, kind, data, attempt, seq, status, maxlen)
   if redis.call('EXISTS', kw) == 0 then
     return
@@ -82,6 +86,11 @@ local function live_append(kw, ks, km, kind, data, attempt, seq, status, maxlen)
       return  -- the text of a turn whose items the log holds: they supersede it
     end
     if partial and partial ~= attempt then
+      local ps, pn = live_rank(partial)
+      local as, an = live_rank(attempt)
+      if as < ps or (as == ps and an < pn) then
+        return  -- an older attempt's late text: the newer one streams now
+      end
       live_add(ks, km, c, nil, 'retry', cjson.encode({reason =
         "the model's answer was abandoned and is being retried"}), maxlen)
     end
@@ -153,7 +162,7 @@ wait is never mistaken for a dead Redis; a reader simply asks again."""
 
 _MAX_WAITING = 10_000
 """How many streams of one process may wait on Redis at once (each ``XREAD BLOCK`` holds a
-connection of the async pool)."""
+connection of its pool, sync or async)."""
 
 
 def _entry(stream_id: str, fields: dict[str, str]) -> LiveEntry:
@@ -182,6 +191,7 @@ class RedisLive:
         self.ttl_s = ttl_s
         self._watch = client.register_script(_WATCH)
         self._async: redis.asyncio.Redis | None = None
+        self._blocking: redis.Redis | None = None
         self._async_loop: asyncio.AbstractEventLoop | None = None
 
     def keys(self, thread_id: str) -> list[str]:
@@ -199,7 +209,7 @@ class RedisLive:
         if block_ms <= 0:
             raw = self._client.xrange(stream, f"({last}", "+", count=self.keep)
             return [_entry(i, f) for i, f in cast(list[Any], raw)]
-        answer = self._client.xread({stream: last}, count=self.keep, block=block_ms)
+        answer = self._waiter().xread({stream: last}, count=self.keep, block=block_ms)
         return _entries(answer)
 
     async def aread(
@@ -226,6 +236,22 @@ class RedisLive:
         answer = await self._async.xread({stream: last}, count=self.keep, block=block_ms)
         return _entries(answer)
 
+    def _waiter(self) -> redis.Redis:
+        """The client blocking reads wait on: a pool of its own, as large as the streams a
+        process may serve, so waiting streams never starve the client's other calls (with
+        no ``url``, the client's own)."""
+        if self._url is None:
+            return self._client
+        if self._blocking is None:
+            self._blocking = redis.Redis.from_url(
+                self._url,
+                decode_responses=True,
+                socket_connect_timeout=5,
+                socket_timeout=15,
+                max_connections=_MAX_WAITING,
+            )
+        return self._blocking
+
     def closed_at(self, thread_id: str) -> tuple[int, int] | None:
         raw = self._client.hget(self.keys(thread_id)[2], "closed")
         if not raw:
@@ -234,9 +260,16 @@ class RedisLive:
         return int(c), int(n)
 
     async def aclose(self) -> None:
+        """Close the async client (in the loop it serves)."""
         if self._async is not None:
             await self._async.aclose()
             self._async = None
+
+    def close(self) -> None:
+        """Close the blocking reads' pool (``Client.close`` does)."""
+        if self._blocking is not None:
+            self._blocking.close()
+            self._blocking = None
 
 
 def _entries(answer: Any) -> list[LiveEntry]:

@@ -37,6 +37,14 @@ def _boundary(attempt: str) -> int:
     return int(head) if head.isdigit() else 0
 
 
+def _rank(attempt: str) -> tuple[int, int]:
+    """(slice start in ms, model attempt) of ``"<seq>:<start ms>:<token>:<n>"``; later wins."""
+    parts = attempt.split(":")
+    if len(parts) != 4 or not (parts[1].isdigit() and parts[3].isdigit()):
+        return (0, 0)
+    return (int(parts[1]), int(parts[3]))
+
+
 def _now_us() -> int:
     return time.time_ns() // 1000
 
@@ -74,6 +82,8 @@ class _Log:
             if _boundary(event.attempt) < self.c:
                 return  # the text of a turn whose items the log holds: they supersede it
             if self.partial is not None and self.partial != event.attempt:
+                if _rank(event.attempt) < _rank(self.partial):
+                    return  # an older attempt's late text: the newer one streams now
                 self.add("retry", {"reason": retried_reason()}, now_us)
             self.partial = event.attempt
         elif isinstance(event, StatusChanged) and self.partial is not None:
