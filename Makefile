@@ -59,6 +59,7 @@ bench: bench-env
 	$(BIN)/python bench/celery_throughput.py --quick
 	$(BIN)/python bench/mcp_calls.py
 	$(BIN)/python bench/burst.py --agents 100 --rpm 300 --user-after-s 5
+	$(BIN)/python bench/stream.py
 	$(BENCH_PLOT)/bin/python bench/plots.py
 
 bench-full: bench-env

@@ -120,6 +120,7 @@ class Client(BaseClient):
             redis_client,
             wake_mark_ttl_s,
         )
+        from dormant.stores.redis_live import RedisLive
 
         redis = redis_client(settings)
         # The agents of threads this client launched or read name their slices in Flower.
@@ -132,8 +133,11 @@ class Client(BaseClient):
         else:
             dispatcher = CeleryDispatcher(celery_app, marks, labels=store.labels)
 
+        live = RedisLive(redis, settings.key_prefix, url=settings.redis_url)
+
         def close() -> None:
             store.close()
+            live.close()
             redis.close()
             if celery_app is None:  # the dispatcher's own app; never the host's
                 dispatcher.close_broker()
@@ -150,6 +154,7 @@ class Client(BaseClient):
             dispatcher=dispatcher.dispatch,
             lease=RedisLease(redis, settings.key_prefix),
         )
+        client.live = live
         return client
 
     def wake(self, thread_id: str, priority: int) -> bool:

@@ -3,6 +3,8 @@
 Routes: ``POST /dormant/callbacks/{thread_id}/{call_id}?token=`` (the WSGI callback receiver
 in ``dormant.callbacks``, run unchanged on a worker thread), ``POST
 /dormant/webhooks/{source}/{thread_id}/{call_id}?token=`` (``dormant.webhooks``), ``GET
+/dormant/threads/{thread_id}/events?token=`` (a thread's stream as Server-Sent Events,
+``dormant.http.stream``), ``GET
 /healthz`` (the process answers) and ``GET /readyz`` (the database answers). Store calls
 block, so every request is handled on a worker thread; the event loop only moves bytes.
 Every answer is JSON: an unreachable database or Redis is a 503 (the receivers say so),
@@ -21,6 +23,7 @@ from urllib.parse import quote, unquote
 
 from dormant.base_client import BaseClient
 from dormant.http.callbacks import callback_app
+from dormant.http.stream import THREADS_PREFIX, serve_stream
 from dormant.http.webhooks import WebhookReceiver, WebhookReply
 
 __all__ = ["CALLBACKS_PREFIX", "WEBHOOKS_PREFIX", "asgi_app"]
@@ -49,6 +52,9 @@ def asgi_app(client: BaseClient, receiver: WebhookReceiver) -> ASGIApp:
             await _lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        if scope["path"].startswith(THREADS_PREFIX):  # a stream: sent as it happens
+            await serve_stream(client, scope, receive, send)
             return
         try:
             reply = await route(scope, receive)

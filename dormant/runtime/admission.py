@@ -88,11 +88,15 @@ def complete_admitted(
     model: Model,
     request: ModelRequest,
     on_chunk: ChunkSink,
+    between_attempts: Callable[[float], None] | None = None,
 ) -> Completion:
     """One completion, admitted by the limiter when the model has a limit (see the module
-    docstring); raises ``Throttled`` when it must wait for capacity."""
+    docstring); raises ``Throttled`` when it must wait for capacity. ``between_attempts``
+    (default ``deps.sleep``) waits out a retry's backoff: the slice's also starts a new
+    attempt in its stream."""
     settings = deps.settings
     limiter = deps.limiter
+    pause = _counted(between_attempts or deps.sleep, limiter)
     found = limit_for(model, settings) if limiter is not None else None
     if limiter is None or found is None:
         return complete_with_retry(
@@ -102,7 +106,7 @@ def complete_admitted(
             attempts=settings.model_attempts,
             base_s=settings.model_backoff_s,
             max_s=settings.model_backoff_max_s,
-            sleep=_counted(deps.sleep, limiter),
+            sleep=pause,
         )
     bucket, limit = found
     estimate = estimate_tokens(request, limit)
@@ -131,7 +135,7 @@ def complete_admitted(
             if attempt == settings.model_attempts:
                 raise
             pause_s = backoff_s(attempt, settings.model_backoff_s, settings.model_backoff_max_s)
-            _counted(deps.sleep, limiter)(pause_s)
+            pause(pause_s)
             continue
         except BaseException:
             limiter.release(bucket, limit, slot)

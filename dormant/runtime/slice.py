@@ -184,6 +184,10 @@ class _Slice:
         self.seen = 0
         self.steering = False
         self.streamed = ""
+        self.attempts = 0
+        self.boundary = 0
+        """The seq the turn's first item gets: where its streamed text belongs."""
+        """Completion attempts begun: with the lease token, names the chunks' attempt."""
         self.flushed_at = time.monotonic()
         self.next_check_at = 0.0
         """When ``_on_chunk`` next flushes and checks (monotonic seconds): the first
@@ -216,6 +220,7 @@ class _Slice:
             log.warning("loading thread %s failed", self.thread_id, exc_info=True)
             thread = deps.store.thread(self.thread_id)
             return self._failed(thread.failures, describe(error)), None
+        self.boundary = snap.next_seq
         if snap.thread.status is ThreadStatus.STALLED:
             return Stalled(self.thread_id, snap.thread.last_error), None
         if not snap.inbox:
@@ -335,10 +340,12 @@ class _Slice:
     def _complete(self, model: Model, request: ModelRequest) -> Completion:
         self._keep_lease(time.monotonic())
         try:
-            return complete_admitted(self.deps, self.caller, model, request, self._on_chunk)
+            return complete_admitted(
+                self.deps, self.caller, model, request, self._on_chunk, self._between_attempts
+            )
         finally:  # the rest of the text goes out with the slice's other events
             if self.streamed:
-                self.events.append(Chunk(thread_id=self.thread_id, text=self.streamed))
+                self.events.append(self._chunk())
                 self.streamed = ""
             self.flushed_at = time.monotonic()
 
@@ -373,9 +380,24 @@ class _Slice:
         """Publish the text streamed since the last flush as one chunk, now (a live view of
         a long completion)."""
         if self.streamed:
-            self.deps.events.publish(Chunk(thread_id=self.thread_id, text=self.streamed))
+            self.deps.events.publish(self._chunk())
             self.streamed = ""
         self.flushed_at = now
+
+    def _chunk(self) -> Chunk:
+        # "<boundary>:<slice start, ms>:<lease token>:<model attempt>". A log that moved
+        # past the boundary (the commit's items are in) drops the chunk, which the item
+        # holds; of two attempts, the one begun later wins (a slice whose lease was lost
+        # may stream on a moment beside its successor).
+        started_ms = int(self.started_at.timestamp() * 1000)
+        attempt = f"{self.boundary}:{started_ms}:{self.token[:8]}:{self.attempts}"
+        return Chunk(thread_id=self.thread_id, text=self.streamed, attempt=attempt)
+
+    def _between_attempts(self, wait_s: float) -> None:
+        """A model attempt failed: its text goes out as its own, the next is another."""
+        self._flush_chunks(time.monotonic())
+        self.attempts += 1
+        self.deps.sleep(wait_s)
 
     def _keep_lease(self, now: float) -> None:
         """Renew the lease once a third of its time-to-live has passed."""
@@ -485,7 +507,8 @@ class _Slice:
             for row, reason in applied.rejected
         ]
         if status is not snap.thread.status:
-            events.append(StatusChanged(thread_id=self.thread_id, status=status))
+            detail = _waiting_on(applied) if status is ThreadStatus.WAITING else ""
+            events.append(StatusChanged(thread_id=self.thread_id, status=status, detail=detail))
         for thread_id in {t for t, *_ in turn.enqueue}:
             deps.dispatcher.wake(thread_id, Priority.BACKGROUND)
         for outbox in rows:
@@ -497,6 +520,12 @@ class _Slice:
             )
         if rows:  # one stamp for all: a row sent but not stamped is only sent again
             deps.store.mark_dispatched([outbox.id for outbox in rows])
+
+
+def _waiting_on(applied: Applied) -> str:
+    """What a waiting thread waits for, for its status event: ``"on run_build (call_1)"``."""
+    calls = [c for c in applied.calls.values() if c.state is CallState.PENDING]
+    return "on " + ", ".join(f"{c.name} ({c.call_id})" for c in calls) if calls else ""
 
 
 def _status(thread: ThreadInfo, applied: Applied, turn: Turn) -> ThreadStatus:
