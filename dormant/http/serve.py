@@ -3,7 +3,8 @@
 Routes: ``POST /dormant/callbacks/{thread_id}/{call_id}?token=`` (the WSGI callback receiver
 in ``dormant.callbacks``, run unchanged on a worker thread), ``POST
 /dormant/webhooks/{source}/{thread_id}/{call_id}?token=`` (``dormant.webhooks``), ``GET
-/healthz`` (the process answers) and ``GET /readyz`` (the database answers). Store calls
+/healthz`` (the process answers), ``GET /readyz`` (the database answers) and the thread
+dashboard under ``/dormant/ui/`` (``dormant/http/ui/``, HTML, not JSON). Store calls
 block, so every request is handled on a worker thread; the event loop only moves bytes.
 Every answer is JSON: an unreachable database or Redis is a 503 (the receivers say so),
 and a bug a 500 whose traceback goes to the log, not to the sender.
@@ -21,6 +22,8 @@ from urllib.parse import quote, unquote
 
 from dormant.base_client import BaseClient
 from dormant.http.callbacks import callback_app
+from dormant.http.ui.asgi import UI_PREFIX, serve_ui
+from dormant.http.ui.dashboard import Dashboard
 from dormant.http.webhooks import WebhookReceiver, WebhookReply
 
 __all__ = ["CALLBACKS_PREFIX", "WEBHOOKS_PREFIX", "asgi_app"]
@@ -39,8 +42,11 @@ class _TooLarge(Exception):
     pass
 
 
-def asgi_app(client: BaseClient, receiver: WebhookReceiver) -> ASGIApp:
-    """One ASGI app over ``client`` (the callbacks) and ``receiver`` (the webhooks)."""
+def asgi_app(
+    client: BaseClient, receiver: WebhookReceiver, dashboard: Dashboard | None = None
+) -> ASGIApp:
+    """One ASGI app over ``client`` (the callbacks) and ``receiver`` (the webhooks), with
+    the thread dashboard at ``/dormant/ui/`` if ``dashboard`` is given."""
     callbacks = callback_app(client)
     limit_bytes = client.settings.max_message_bytes
 
@@ -49,6 +55,9 @@ def asgi_app(client: BaseClient, receiver: WebhookReceiver) -> ASGIApp:
             await _lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        if dashboard is not None and scope["path"].startswith(UI_PREFIX.rstrip("/")):
+            await serve_ui(dashboard, scope, receive, send)
             return
         try:
             reply = await route(scope, receive)
