@@ -37,6 +37,7 @@ from dormant.models import ScriptedModel, SimulatedModel  # noqa: E402
 from dormant.models.base import Completion  # noqa: E402
 from examples.family import AGENT as RELEASE  # noqa: E402
 
+CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox",
     "--disable-gpu",
@@ -113,7 +114,7 @@ def main() -> None:
         with LocalSystem(agents, f"sqlite:///{tmp}/fleet.db") as system:
             shown = build_fleet(system)
             with serving(system, actions=True) as base, sync_playwright() as pw:
-                browser = pw.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+                browser = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
                 page = browser.new_page(viewport={"width": args.width, "height": 760})
                 page.goto(base)
                 page.screenshot(path=str(args.out / "dashboard-threads.png"), full_page=True)
