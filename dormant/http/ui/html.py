@@ -59,6 +59,7 @@ def page(title: str, body: str, *, root: str, nav: str = "") -> str:
 <meta charset="utf-8">
 <meta name="viewport" content="width=device-width, initial-scale=1">
 <title>{esc(title)} · dormant</title>
+<link rel="icon" href="data:,">
 <link rel="stylesheet" href="{esc(root)}static/dashboard.css">
 <script src="{esc(root)}static/dashboard.js" defer></script>
 </head>

@@ -1,0 +1,208 @@
+"""The dashboard in headless Chromium: pages load, filters work, actions run, a live answer
+appears token by token.
+
+The app is ``dormant serve``'s (``asgi_app`` with the dashboard) under uvicorn on a loopback
+port, over a ``LocalSystem`` whose agents run in this process; the thread stream's SSE route
+is ``tests/fake_stream.py``'s stand-in, which speaks the stream contract over the system's
+live events. A slow simulated model streams the answer the live test watches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from dormant import Agent, LocalSystem
+from dormant.errors import ModelFatal
+from dormant.http.serve import asgi_app
+from dormant.http.ui.dashboard import Dashboard
+from dormant.http.ui.guard import TokenGate
+from dormant.http.webhooks import WebhookReceiver
+from dormant.messages import Item, UserText
+from dormant.models import ScriptedModel, SimulatedModel, reply
+from dormant.models.base import Completion
+from dormant.settings import Settings
+from dormant.stores.base import ThreadStatus
+from tests.browser import chromium, serving
+from tests.fake_stream import FakeStream
+
+pytestmark = pytest.mark.timeout(180)
+
+UI = "/dormant/ui/"
+
+
+PROVIDER = {"down": True}
+"""Whether the echo model refuses text that starts with "fail" (a retry after a fix)."""
+
+
+def answer(items: Sequence[Item]) -> Completion:
+    last = items[-1]
+    if isinstance(last, UserText) and last.text.startswith("fail") and PROVIDER["down"]:
+        raise ModelFatal("provider answered 401: invalid key")
+    return reply("echo: " + (last.text if isinstance(last, UserText) else "?"))
+
+
+SLOW = SimulatedModel(completion_chars=240, chunk_chars=6, chunk_delay_s=0.08)
+AGENTS = [
+    Agent("echo", model=ScriptedModel(answer)),
+    Agent("writer", model=SLOW),
+]
+
+
+@pytest.fixture
+def system() -> Iterator[LocalSystem]:
+    settings = Settings(chunk_flush_s=0.0)
+    with LocalSystem(AGENTS, "memory://", settings=settings) as system:
+        yield system
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    with chromium() as browser:
+        yield browser
+
+
+def app_of(system: LocalSystem, **dashboard: Any) -> Any:
+    stream = FakeStream(system)
+    dashboard.setdefault("stream_url", lambda thread_id: f"/dormant/threads/{thread_id}/events")
+    board = Dashboard(system, **dashboard)
+    return stream.wrap(asgi_app(system, WebhookReceiver(system, []), board))
+
+
+def rows(page: Any) -> list[str]:
+    return page.eval_on_selector_all("tr[data-thread]", "rs => rs.map(r => r.dataset.thread)")
+
+
+def watch_errors(page: Any) -> list[str]:
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    return errors
+
+
+def test_the_list_loads_and_its_filters_work(system: LocalSystem, browser: Any) -> None:
+    PROVIDER["down"] = True
+    ok = system.launch("echo", "hello", thread_id="thr_ok")
+    bad = system.launch("echo", "fail now", thread_id="thr_bad")
+    other = system.launch("writer", "a short note", thread_id="thr_writer")
+    system.run_until_idle(raise_on_failure=False)
+
+    with serving(app_of(system)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        page.goto(base + UI)
+        everything = rows(page)
+        page.click("a.chip.c-stalled")
+        page.wait_for_url("**status=stalled**")
+        stalled = rows(page)
+        page.click("a.chip.c-all")
+        page.fill("input[name=agent]", "writer")
+        page.click(".agent-filter button")
+        page.wait_for_url("**agent=writer**")
+        writers = rows(page)
+        page.click(f"a[href$='thread?id={other}']")
+        page.wait_for_selector("ol.items li.bubble.assistant")
+        title = page.inner_text("h1")
+
+        page.close()  # ends its event stream before the server stops
+    assert sorted(everything) == sorted([ok, bad, other])
+    assert stalled == [bad]
+    assert writers == [other]
+    assert title == other
+    assert errors == []
+
+
+def test_retry_and_close_from_the_thread_page(system: LocalSystem, browser: Any) -> None:
+    PROVIDER["down"] = True
+    bad = system.launch("echo", "fail now", thread_id="thr_bad")
+    system.run_until_idle(raise_on_failure=False)
+    PROVIDER["down"] = False  # the operator fixed the key: a retry now succeeds
+
+    with serving(app_of(system, actions=True)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        page.goto(f"{base}{UI}thread?id={bad}")
+        before = page.get_attribute(".head .badge", "data-status")
+        page.click("button.retry")
+        page.wait_for_selector(".head .badge:not([data-status=stalled])")
+        system.run_until_idle(raise_on_failure=False)
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.fill("form[action$='thread/close'] input[name=reason]", "checked by hand")
+        page.click("button.close")
+        page.wait_for_selector(".head .badge[data-status=closed]")
+
+        page.close()  # ends its event stream before the server stops
+    assert before == "stalled"
+    assert (system.thread(bad).status, system.thread(bad).closed_reason) == (
+        ThreadStatus.CLOSED,
+        "checked by hand",
+    )
+    assert errors == []
+
+
+def test_a_live_answer_appears_token_by_token(system: LocalSystem, browser: Any) -> None:
+    thread_id = system.launch("echo", "hello", thread_id="thr_live")
+    system.run_until_idle()
+    with serving(app_of(system)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        page.goto(f"{base}{UI}thread?id={thread_id}")
+        page.wait_for_function("document.querySelector('.stream-state').textContent === 'live'")
+
+        writer = system.launch("writer", "draft the notes", thread_id="thr_live_writer")
+        page.goto(f"{base}{UI}thread?id={writer}")
+        lengths = growing_lengths(page, wanted=4)
+        page.wait_for_selector("ol.items li.bubble.assistant[data-seq='2']", timeout=30_000)
+        streaming_hidden = page.is_hidden(".bubble.streaming")
+        final = page.inner_text("ol.items li.bubble.assistant[data-seq='2'] .text")
+        system.run_until_idle()
+
+        page.close()  # ends its event stream before the server stops
+    stored = system.history(writer)[-1]
+    assert lengths == sorted(lengths) and len(set(lengths)) == 4
+    assert lengths[-1] < len(final)
+    assert streaming_hidden
+    assert final == stored.text  # type: ignore[union-attr]
+    assert errors == []
+
+
+def growing_lengths(page: Any, wanted: int) -> list[int]:
+    """The streaming bubble's text length, each time it has grown, ``wanted`` times."""
+    seen: list[int] = []
+    while len(seen) < wanted:
+        page.wait_for_function(
+            "n => { const t = document.querySelector('.bubble.streaming .text');"
+            " return t && t.textContent.length > n; }",
+            arg=seen[-1] if seen else 0,
+            timeout=20_000,
+        )
+        seen.append(
+            page.evaluate("document.querySelector('.bubble.streaming .text').textContent.length")
+        )
+    return seen
+
+
+def test_a_token_guards_the_dashboard_and_a_login_opens_it(
+    system: LocalSystem, browser: Any
+) -> None:
+    thread_id = system.launch("echo", "hello", thread_id="thr_ok")
+    system.run_until_idle()
+
+    with serving(app_of(system, gate=TokenGate("s3cret"))) as base:
+        page = browser.new_page()
+        page.goto(base + UI)
+        at_login = page.url
+        page.fill("input[name=token]", "wrong")
+        page.click("button[type=submit]")
+        refused = page.inner_text(".alert")
+        page.fill("input[name=token]", "s3cret")
+        page.click("button[type=submit]")
+        page.wait_for_selector("tr[data-thread]")
+        listed = rows(page)
+
+        page.close()  # ends its event stream before the server stops
+    assert at_login == f"{base}{UI}login"
+    assert "not the dashboard token" in refused
+    assert listed == [thread_id]
