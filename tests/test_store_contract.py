@@ -245,7 +245,7 @@ def test_threads_page_by_keyset_filtered_by_agent_and_status(store: Store) -> No
     stalled_triage = store.threads(ThreadStatus.STALLED, agent="triage")
 
     assert [len(p) for p in pages] == [4, 4, 1]
-    assert sum(pages, []) == [t.id for t in newest_first]
+    assert [i for p in pages for i in p] == [t.id for t in newest_first]
     assert [t.id for t in triage] == [t.id for t in newest_first if t.agent == "triage"]
     assert [t.id for t in stalled_triage] == [made[4].id]
     after_first = store.threads(agent="billing", before=(triage[0].created_at, triage[0].id))
