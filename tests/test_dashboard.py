@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import re
 from collections.abc import Iterator, Sequence
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
@@ -78,10 +80,9 @@ def test_the_list_pages_by_keyset_without_gaps_or_repeats(system: LocalSystem) -
     dashboard = Dashboard(system)
 
     first = get(dashboard)
-    cursor = re.findall(r'class="older" href="[^"]*before=([^"&]+)', first.body.decode())[0]
-    from urllib.parse import unquote
-
-    second = get(dashboard, before=unquote(cursor.replace("&amp;", "&")))
+    older = re.findall(r'class="older" href="([^"]+)"', first.body.decode())[0]
+    query = parse_qs(urlsplit(html.unescape(older)).query)
+    second = get(dashboard, before=query["before"][0])
 
     assert len(listed(first)) == PAGE_SIZE and len(listed(second)) == 7
     assert set(listed(first)) | set(listed(second)) == made
@@ -223,3 +224,27 @@ def test_static_files_are_served_and_nothing_else_is(system: LocalSystem) -> Non
     assert css.status == 200 and b".badge" in css.body
     assert js.status == 200 and b"EventSource" in js.body
     assert get(dashboard, "static/../dashboard.py").status == 404
+
+
+def test_a_waiting_thread_shows_its_pending_call_and_a_parent_its_children() -> None:
+    from dormant.demo import TRIAGE
+    from examples.family import AGENT as RELEASE
+
+    with LocalSystem([TRIAGE, RELEASE], "memory://") as system:
+        waiting = system.launch("triage", "Is build 42 green yet?")
+        parent = system.launch("release", "Is release 1.4 ready to ship?")
+        system.run_until_idle()
+        children = [c.id for c in system.store.children(parent)]
+        dashboard = Dashboard(system)
+        waiting_page = get(dashboard, "thread", id=waiting).body.decode()
+        family_page = get(dashboard, "thread", id=children[0]).body.decode()
+
+    card = waiting_page.split("<h3>Waiting for</h3>")[1].split("</section>")[0]
+    assert "<b>run_build</b>" in card and "waiting, unchanged since" in card
+    assert "subscribed to <b>watch_pull_requests</b>" in card
+    assert 'class="call c-pending" data-call=' in waiting_page
+    tree = family_page.split('<ul class="tree">')[1].split("</section>")[0]
+    assert all(f">{child}</a>" in tree for child in children)
+    assert f'class="mono me" href="/dormant/ui/thread?id={children[0]}"' in tree
+    assert f">{parent}</a>" in tree
+    assert 'class="bubble user inherited"' in family_page
