@@ -12,13 +12,14 @@ import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import datetime
 from typing import Any
 
 from dormant.agents import AgentRegistry
 from dormant.errors import (
     CallAnswered,
+    ConfigurationError,
     ControlSignal,
     DuplicateMessage,
     MessageRejected,
@@ -26,7 +27,7 @@ from dormant.errors import (
     ThreadBusy,
     UnknownMessage,
 )
-from dormant.http.tokens import callback_url, parse_callback_url, verify
+from dormant.http.tokens import callback_url, parse_callback_url, stream_url, verify
 from dormant.messages import (
     Event,
     EventMessage,
@@ -38,6 +39,7 @@ from dormant.messages import (
 )
 from dormant.runtime.close import Closing, close_thread
 from dormant.runtime.history import pending
+from dormant.runtime.stream import StreamReader, astream, stream
 from dormant.settings import Settings
 from dormant.stores.base import (
     DedupSet,
@@ -52,6 +54,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.lineage import full_history
+from dormant.streams import LiveLog, StreamEvent
 from dormant.tools.runner import as_text
 
 __all__ = ["BaseClient", "Waker", "new_message_id", "new_thread_id"]
@@ -86,6 +89,8 @@ class BaseClient(ABC):
         self.agents = agents
         self.lease: Lease | None = None
         """Set by runtimes that can see leases: enables ``steering="reject"`` at send time."""
+        self.live: LiveLog | None = None
+        """The live log of streams (``stream``): Redis's, or ``LocalSystem``'s own."""
 
     @abstractmethod
     def wake(self, thread_id: str, priority: int) -> bool:
@@ -293,6 +298,34 @@ class BaseClient(ABC):
     ) -> list[ThreadInfo]:
         """Threads newest first; ``before`` pages on (``Store.threads``)."""
         return self.store.threads(status, limit, agent=agent, before=before)
+
+    def stream(
+        self, thread_id: str, after: str | None = None, *, timeout_s: float | None = None
+    ) -> Iterator[StreamEvent]:
+        """Every event of the thread from the start (or after the event id ``after``):
+        committed items, live text, dispatches, status changes; it ends after ``closed``,
+        or once ``timeout_s`` passes with nothing new. See docs/streaming.md."""
+        return stream(self.stream_reader(thread_id, after), timeout_s)
+
+    def astream(
+        self, thread_id: str, after: str | None = None, *, timeout_s: float | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """``stream`` for an event loop (ASGI apps): waiting holds no thread."""
+        return astream(self.stream_reader(thread_id, after), timeout_s)
+
+    def stream_reader(self, thread_id: str, after: str | None = None) -> StreamReader:
+        """A reader's place in the thread's stream (what ``stream`` and SSE poll)."""
+        if self.live is None:
+            raise ConfigurationError("this client has no live log to stream from")
+        return StreamReader(thread_id, self.store, self.live, after)
+
+    def stream_url(self, thread_id: str, *, ttl_s: float = 3600.0) -> str:
+        """The SSE URL of the thread's stream in ``dormant serve``, with a read token that
+        expires after ``ttl_s`` (signed like callback URLs, with keys of its own)."""
+        expires = int(time.time() + ttl_s)
+        return stream_url(
+            self.settings.callback_base_url, self.settings.secret_keys, thread_id, expires
+        )
 
     def callback_url(self, thread_id: str, call_id: str) -> str:
         expires = int(time.time() + self.settings.token_ttl_s)

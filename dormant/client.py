@@ -119,6 +119,7 @@ class Client(BaseClient):
             redis_client,
             wake_mark_ttl_s,
         )
+        from dormant.stores.redis_live import RedisLive
 
         redis = redis_client(settings)
         # The agents of threads this client launched or read name their slices in Flower.
@@ -149,6 +150,7 @@ class Client(BaseClient):
             dispatcher=dispatcher.dispatch,
             lease=RedisLease(redis, settings.key_prefix),
         )
+        client.live = RedisLive(redis, settings.key_prefix, url=settings.redis_url)
         return client
 
     def wake(self, thread_id: str, priority: int) -> bool:

@@ -22,6 +22,7 @@
     │   ├── InboxFull               the thread already has ``max_inbox_depth`` open rows
     │   ├── CallAnswered            a second, different result for an answered call
     │   └── DuplicateMessage        the message id was already received
+    ├── InvalidStreamId             a stream ``after`` id that is not one (``dormant.streams``)
     ├── ThreadsFailed               run_until_idle: threads stalled or retrying after failures
     ├── SliceFailed                 a slice failed or met a stalled thread (already recorded)
     ├── LimitExceeded               a slice outgrew a limit (recorded as its failure)
@@ -56,6 +57,7 @@ __all__ = [
     "DuplicateMessage",
     "HistoryTooLarge",
     "InboxFull",
+    "InvalidStreamId",
     "InvalidToken",
     "LeaseLost",
     "LimitExceeded",
@@ -180,6 +182,13 @@ class SubscriptionCancelled(MessageRejected):
 
 class InvalidToken(MessageRejected):
     pass
+
+
+class InvalidStreamId(DormantError):
+    """A stream's ``after`` (or ``Last-Event-ID``) that no stream ever gave out."""
+
+    def __init__(self, event_id: str) -> None:
+        super().__init__(f"not a stream event id: {event_id[:40]!r}")
 
 
 class PayloadTooLarge(MessageRejected):

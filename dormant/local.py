@@ -30,6 +30,7 @@ from dormant.runtime.slice import SliceDeps, run_slice
 from dormant.runtime.sweeper import sweep_once
 from dormant.settings import Settings
 from dormant.stores.base import OutboxRow, Priority, Store
+from dormant.stores.memory.live import MemoryLive
 from dormant.stores.memory.store import MemoryStore
 from dormant.stores.memory.sync import MemoryDedup, MemoryLease
 from dormant.tools.claims import held_claim
@@ -57,15 +58,17 @@ class _EventLog:
     """Keeps the most recent events (not chunks) of all threads and fans every event out
     to listeners. One bounded ring for the process: idle agents must cost nothing here."""
 
-    def __init__(self, max_events: int = 10_000) -> None:
+    def __init__(self, live: MemoryLive, max_events: int = 10_000) -> None:
         self._lock = threading.Lock()
         self._events: deque[Event] = deque(maxlen=max_events)
         self.listeners: list[Listener] = []
+        self.live = live
 
     def publish(self, event: Event) -> None:
         if not isinstance(event, Chunk):
             with self._lock:
                 self._events.append(event)
+        self.live.append(event)  # streams (``LocalSystem.stream``): nothing unless watched
         for listener in self.listeners:
             listener(event)
 
@@ -111,7 +114,8 @@ class LocalSystem(BaseClient):
         dedup = store if isinstance(store, MemoryStore) else MemoryDedup()
         super().__init__(store, dedup, settings, registry)
         self.lease: MemoryLease = MemoryLease()
-        self._log = _EventLog()
+        self.live: MemoryLive = MemoryLive()
+        self._log = _EventLog(self.live)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dormant")
         self._lock = threading.Lock()
         self._queued: dict[str, int] = {}

@@ -195,6 +195,8 @@ class Chunk(_Frozen):
     kind: Literal["chunk"] = "chunk"
     thread_id: str
     text: str
+    attempt: str = ""
+    """Which completion attempt streamed it: a new one means the last was abandoned."""
 
 
 class ItemAdded(_Frozen):

@@ -13,7 +13,18 @@ from urllib.parse import parse_qs, quote, unquote, urlsplit
 
 from dormant.errors import InvalidToken
 
-__all__ = ["callback_url", "parse_callback_url", "sign", "verify"]
+__all__ = [
+    "STREAM_PATH",
+    "callback_url",
+    "parse_callback_url",
+    "sign",
+    "stream_keys",
+    "stream_url",
+    "verify",
+]
+
+STREAM_PATH = "/dormant/threads/{thread_id}/events"
+"""Where ``dormant serve`` serves a thread's stream as Server-Sent Events."""
 
 
 def _mac(key: str, thread_id: str, call_id: str, expires_at_s: int) -> str:
@@ -59,3 +70,18 @@ def parse_callback_url(url: str) -> tuple[str, str, str]:
     if len(segments) < 2 or not segments[-1] or not segments[-2] or len(tokens) != 1:
         raise InvalidToken(f"not a dormant callback URL: {url!r}")
     return segments[-2], segments[-1], tokens[0]
+
+
+def stream_keys(keys: Sequence[str]) -> list[str]:
+    """The keys of stream read tokens: derived, so a callback token never reads a stream and
+    a stream token never delivers a result."""
+    return [f"stream-read:{key}" for key in keys]
+
+
+def stream_url(base_url: str, keys: Sequence[str], thread_id: str, expires_at_s: int) -> str:
+    """The SSE URL of ``thread_id``'s stream with a read token; ``base_url`` is the callback
+    base (``.../dormant/callbacks``), whose server serves the stream too."""
+    root = base_url.rstrip("/").removesuffix("/dormant/callbacks")
+    token = sign(stream_keys(keys), thread_id, "", expires_at_s)
+    path = STREAM_PATH.format(thread_id=quote(thread_id, safe=""))
+    return f"{root}{path}?token={token}"

@@ -177,6 +177,10 @@ class _Slice:
         self.seen = 0
         self.steering = False
         self.streamed = ""
+        self.attempts = 0
+        self.boundary = 0
+        """The seq the turn's first item gets: where its streamed text belongs."""
+        """Completion attempts begun: with the lease token, names the chunks' attempt."""
         self.flushed_at = time.monotonic()
         self.next_check_at = 0.0
         """When ``_on_chunk`` next flushes and checks (monotonic seconds): the first
@@ -207,6 +211,7 @@ class _Slice:
             log.warning("loading thread %s failed", self.thread_id, exc_info=True)
             thread = deps.store.thread(self.thread_id)
             return self._failed(thread.failures, describe(error)), None
+        self.boundary = snap.next_seq
         if snap.thread.status is ThreadStatus.STALLED:
             return Stalled(self.thread_id, snap.thread.last_error), None
         if not snap.inbox:
@@ -322,11 +327,11 @@ class _Slice:
                 attempts=settings.model_attempts,
                 base_s=settings.model_backoff_s,
                 max_s=settings.model_backoff_max_s,
-                sleep=self.deps.sleep,
+                sleep=self._between_attempts,
             )
         finally:  # the rest of the text goes out with the slice's other events
             if self.streamed:
-                self.events.append(Chunk(thread_id=self.thread_id, text=self.streamed))
+                self.events.append(self._chunk())
                 self.streamed = ""
             self.flushed_at = time.monotonic()
 
@@ -357,9 +362,21 @@ class _Slice:
         """Publish the text streamed since the last flush as one chunk, now (a live view of
         a long completion)."""
         if self.streamed:
-            self.deps.events.publish(Chunk(thread_id=self.thread_id, text=self.streamed))
+            self.deps.events.publish(self._chunk())
             self.streamed = ""
         self.flushed_at = now
+
+    def _chunk(self) -> Chunk:
+        # The boundary first: a log that moved past it (the commit's items are in) drops
+        # the chunk, which the committed item already holds.
+        attempt = f"{self.boundary}:{self.token[:12]}:{self.attempts}"
+        return Chunk(thread_id=self.thread_id, text=self.streamed, attempt=attempt)
+
+    def _between_attempts(self, wait_s: float) -> None:
+        """A model attempt failed: its text goes out as its own, the next is another."""
+        self._flush_chunks(time.monotonic())
+        self.attempts += 1
+        self.deps.sleep(wait_s)
 
     def _keep_lease(self, now: float) -> None:
         """Renew the lease once a third of its time-to-live has passed."""

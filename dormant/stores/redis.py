@@ -17,6 +17,7 @@ import redis
 
 from dormant.messages import Chunk, Event, EventAdapter
 from dormant.settings import Settings
+from dormant.stores.redis_live import LIVE_KEEP, LIVE_LUA, live_args, live_keys
 
 __all__ = [
     "RedisDedup",
@@ -93,7 +94,8 @@ if ids > 0 then
 end
 local at = 4 + ids
 local keep, kept_ttl, count = tonumber(ARGV[at]), ARGV[at + 1], tonumber(ARGV[at + 2])
-at = at + 3
+local lists = tonumber(ARGV[at + 3])
+at = at + 4
 local watched = {}
 for _ = 1, count do
   local channel, list, data = ARGV[at], tonumber(ARGV[at + 1]), ARGV[at + 2]
@@ -107,12 +109,26 @@ for _ = 1, count do
     redis.call('RPUSH', KEYS[list], data)
   end
 end
-for list = 4, #KEYS do
+for list = 4, 3 + lists do
   redis.call('LTRIM', KEYS[list], -keep, -1)
   redis.call('PEXPIRE', KEYS[list], kept_ttl)
 end
 """
-_END = _END_EVENTS + _RELEASE  # then a release: the same keys and token
+# Then the same events for watched threads' live logs (dormant/stores/redis_live.py): ARGV
+# from ``at``: the maxlen, the number of events, and for each the index in KEYS of its
+# thread's watch mark (its Stream and meta follow) and live_args.
+_LIVE_EVENTS = """
+local maxlen, live = ARGV[at], tonumber(ARGV[at + 1])
+at = at + 2
+for _ = 1, live do
+  local k = tonumber(ARGV[at])
+  live_append(KEYS[k], KEYS[k + 1], KEYS[k + 2], ARGV[at + 1], ARGV[at + 2], ARGV[at + 3],
+    ARGV[at + 4], ARGV[at + 5], maxlen)
+  at = at + 6
+end
+"""
+_END = LIVE_LUA + _END_EVENTS + _LIVE_EVENTS + _RELEASE  # then a release: the same keys and token
+_PUBLISH = LIVE_LUA + _END_EVENTS + _LIVE_EVENTS  # events alone: KEYS[1..3] unused
 
 
 def redis_client(settings: Settings) -> Redis:
@@ -296,6 +312,7 @@ class RedisEvents:
         self._prefix = prefix
         self.keep = keep
         self.ttl_s = ttl_s
+        self._publish = client.register_script(_PUBLISH)
 
     def channel(self, thread_id: str) -> str:
         return f"{self._prefix}:events:{thread_id}"
@@ -307,36 +324,44 @@ class RedisEvents:
         self.publish_all([event])
 
     def publish_all(self, events: list[Event]) -> None:
-        """Publish ``events`` in order, in one round trip."""
+        """Publish ``events`` in order, in one round trip (the slice end's script, without
+        its dedup and release)."""
         if not events:
             return
+        keys = [self.channel(events[0].thread_id)] * 3  # the end's lease and dedup keys: unused
         try:
-            if len(events) == 1 and isinstance(events[0], Chunk):  # the hot path: one command
-                event = events[0]
-                self._client.publish(self.channel(event.thread_id), _json(event))
-                return
-            with self._client.pipeline(transaction=False) as pipe:
-                self.publish_queued(pipe, events)
-                pipe.execute()
+            self._publish(keys=keys, args=["", 1, 0, *self.script_args(keys, events)])
         except redis.RedisError:
             kinds = ", ".join(sorted({e.kind for e in events}))
             log.warning("publishing %s events failed", kinds, exc_info=True)
 
-    def publish_queued(self, pipe: Pipeline, events: list[Event]) -> None:
-        """Queue the commands that publish ``events`` on ``pipe``: one ``PUBLISH`` each on
-        the thread's channel (observers see each event as its own message), and one
-        ``RPUSH`` per thread of the non-chunk events to its list of recent events."""
-        kept: dict[str, list[str]] = {}
+    def script_args(self, keys: list[str], events: list[Event]) -> list[str | int]:
+        """The end script's arguments for ``events``, after the dedup ids: each published on
+        its thread's channel, the non-chunk ones kept in its recent list, all appended to
+        its live log if watched. Adds the lists' and logs' keys to ``keys``."""
+        lists: dict[str, int] = {}
+        published: list[str | int] = []
+        datas: list[str] = []
         for event in events:
+            kept = 0
             data = _json(event)
-            pipe.publish(self.channel(event.thread_id), data)
+            datas.append(data)
             if not isinstance(event, Chunk):
-                kept.setdefault(event.thread_id, []).append(data)
-        for thread_id, datas in kept.items():
-            key = self.recent_key(thread_id)
-            pipe.rpush(key, *datas)
-            pipe.ltrim(key, -self.keep, -1)
-            pipe.pexpire(key, _ms(self.ttl_s))
+                recent = self.recent_key(event.thread_id)
+                if recent not in lists:
+                    keys.append(recent)
+                    lists[recent] = len(keys)  # Lua's KEYS are 1-based
+                kept = lists[recent]
+            published += [self.channel(event.thread_id), kept, data]
+        logs: dict[str, int] = {}
+        live: list[str | int] = []
+        for event, data in zip(events, datas, strict=True):
+            if event.thread_id not in logs:
+                keys += live_keys(self._prefix, event.thread_id)
+                logs[event.thread_id] = len(keys) - 2
+            live += [logs[event.thread_id], *live_args(event, data)]
+        args: list[str | int] = [self.keep, _ms(self.ttl_s), len(events), len(lists), *published]
+        return [*args, LIVE_KEEP, len(events), *live]
 
     def recent(self, thread_id: str) -> list[Event]:
         """The kept events of ``thread_id``, oldest first (chunks are never kept)."""
@@ -365,19 +390,8 @@ class RedisSliceEnd:
 
     def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
         keys = [*self._lease.keys(thread_id), self._dedup.key(thread_id)]
-        recent_index: dict[str, int] = {}
-        published: list[str] = []
-        for event in events:
-            kept = 0
-            if not isinstance(event, Chunk):
-                recent = self._events.recent_key(event.thread_id)
-                if recent not in recent_index:
-                    keys.append(recent)
-                    recent_index[recent] = len(keys)  # Lua's KEYS are 1-based
-                kept = recent_index[recent]
-            published += [self._events.channel(event.thread_id), str(kept), _json(event)]
         args: list[str | int] = [token, _ms(self._dedup.ttl_s), len(message_ids), *message_ids]
-        args += [self._events.keep, _ms(self._events.ttl_s), len(events), *published]
+        args += self._events.script_args(keys, events)
         try:
             refused = self._end(keys=keys, args=args)
         except redis.RedisError:
