@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from dormant.base_client import BaseClient
 from dormant.http.ui.dashboard import Dashboard, StreamUrl
 from dormant.http.ui.guard import TokenGate
@@ -9,14 +11,14 @@ from dormant.http.ui.guard import TokenGate
 __all__ = ["client_stream_url", "serve_dashboard"]
 
 
-def client_stream_url(client: BaseClient) -> StreamUrl | None:
-    """The live view's URL maker: the client's signed stream URLs, where it has them."""
-    make = getattr(client, "stream_url", None)
-    if make is None:
-        return None
+def client_stream_url(client: BaseClient) -> StreamUrl:
+    """The live view's URL maker for ``dormant serve``: the client's signed stream URL,
+    without its scheme and host, since the page is served by the same server (the callback
+    base URL may name a public address the operator's browser does not use)."""
 
     def url(thread_id: str) -> str | None:
-        return str(make(thread_id, ttl_s=STREAM_TTL_S))
+        parts = urlsplit(client.stream_url(thread_id, ttl_s=STREAM_TTL_S))
+        return f"{parts.path}?{parts.query}" if parts.query else parts.path
 
     return url
 
