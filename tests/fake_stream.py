@@ -1,7 +1,7 @@
-"""The thread stream's SSE route for the dashboard's in-process browser tests.
+"""The thread stream's SSE route for the in-process browser tests (dashboard, chat page).
 
-It serves ``GET /dormant/threads/{id}/events`` (``Last-Event-ID`` or ``?after=``) as the
-stream contract says, straight from the client's own ``astream``: the events, their ids
+It serves ``GET {prefix}{id}/events`` (``/dormant/threads/`` by default; ``Last-Event-ID``
+or ``?after=``) as the stream contract says, straight from the client's own ``astream``: the events, their ids
 and the resume are the real stream's; only the token check of ``dormant serve``'s route is
 left out (the tests' pages are served to this process's browser alone).
 """
@@ -22,15 +22,20 @@ ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 
 class FakeStream:
-    def __init__(self, client: BaseClient) -> None:
+    def __init__(self, client: BaseClient, prefix: str = PREFIX) -> None:
         self.client = client
+        self.prefix = prefix
 
     def wrap(self, app: ASGIApp) -> ASGIApp:
         """``app`` with the stream's route in front of it."""
 
         async def routed(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
             path = scope.get("path", "")
-            if scope["type"] == "http" and path.startswith(PREFIX) and path.endswith("/events"):
+            if (
+                scope["type"] == "http"
+                and path.startswith(self.prefix)
+                and path.endswith("/events")
+            ):
                 await self.serve(scope, receive, send)
             else:
                 await app(scope, receive, send)
@@ -38,7 +43,7 @@ class FakeStream:
         return routed
 
     async def serve(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
-        thread_id = unquote(scope["path"][len(PREFIX) : -len("/events")])
+        thread_id = unquote(scope["path"][len(self.prefix) : -len("/events")])
         headers = {k.decode().lower(): v.decode() for k, v in scope["headers"]}
         query = dict(parse_qsl(scope.get("query_string", b"").decode()))
         after = headers.get("last-event-id") or query.get("after") or None
