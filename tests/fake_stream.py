@@ -1,9 +1,10 @@
 """The thread stream's SSE route for the in-process browser tests (dashboard, chat page).
 
 It serves ``GET {prefix}{id}/events`` (``/dormant/threads/`` by default; ``Last-Event-ID``
-or ``?after=``) as the stream contract says, straight from the client's own ``astream``: the events, their ids
-and the resume are the real stream's; only the token check of ``dormant serve``'s route is
-left out (the tests' pages are served to this process's browser alone).
+or ``?after=``) as the stream contract says, straight from the client's own ``astream``:
+the events, their ids and the resume are the real stream's; only the token check of
+``dormant serve``'s route is left out (the tests' pages are served to this process's
+browser alone).
 """
 
 from __future__ import annotations
