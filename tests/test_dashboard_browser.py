@@ -168,14 +168,15 @@ def test_a_live_answer_appears_token_by_token(system: LocalSystem, browser: Any)
     assert errors == []
 
 
-def growing_lengths(page: Any, wanted: int) -> list[int]:
-    """The streaming bubble's text length, each time it has grown, ``wanted`` times."""
+def growing_lengths(page: Any, wanted: int, start: int = 0) -> list[int]:
+    """The streaming bubble's text length, each time it has grown past the last one (the
+    first time, past ``start``), ``wanted`` times."""
     seen: list[int] = []
     while len(seen) < wanted:
         page.wait_for_function(
             "n => { const t = document.querySelector('.bubble.streaming .text');"
             " return t && t.textContent.length > n; }",
-            arg=seen[-1] if seen else 0,
+            arg=seen[-1] if seen else start,
             timeout=20_000,
         )
         seen.append(
@@ -206,3 +207,26 @@ def test_a_token_guards_the_dashboard_and_a_login_opens_it(
     assert at_login == f"{base}{UI}login"
     assert "not the dashboard token" in refused
     assert listed == [thread_id]
+
+
+def test_a_thread_page_reloaded_mid_answer_picks_the_answer_up_again(
+    system: LocalSystem, browser: Any
+) -> None:
+    with serving(app_of(system)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        writer = system.launch("writer", "draft the notes", thread_id="thr_reload")
+        page.goto(f"{base}{UI}thread?id={writer}")
+        before = growing_lengths(page, wanted=3)[-1]
+        page.reload(wait_until="domcontentloaded")
+        after = growing_lengths(page, wanted=1, start=before - 1)[-1]
+        page.wait_for_selector("ol.items li.bubble.assistant[data-seq='2']", timeout=30_000)
+        answers = page.eval_on_selector_all(
+            "ol.items li.bubble.assistant .text", "els => els.map(e => e.textContent)"
+        )
+        page.close()
+        system.run_until_idle()
+
+    assert after >= before  # the stream gave the partial answer back, then went on
+    assert answers == [system.history(writer)[-1].text]  # type: ignore[union-attr]
+    assert errors == []
