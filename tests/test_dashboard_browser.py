@@ -3,8 +3,8 @@ appears token by token.
 
 The app is ``dormant serve``'s (``asgi_app`` with the dashboard) under uvicorn on a loopback
 port, over a ``LocalSystem`` whose agents run in this process; the thread stream's SSE route
-is ``tests/fake_stream.py``'s stand-in, which speaks the stream contract over the system's
-live events. A slow simulated model streams the answer the live test watches.
+is ``dormant serve``'s own, opened with the page's signed ``client.stream_url``. A slow
+simulated model streams the answer the live test watches.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dormant.errors import ModelFatal
 from dormant.http.serve import asgi_app
 from dormant.http.ui.dashboard import Dashboard
 from dormant.http.ui.guard import TokenGate
+from dormant.http.ui.setup import client_stream_url
 from dormant.http.webhooks import WebhookReceiver
 from dormant.messages import Item, UserText
 from dormant.models import ScriptedModel, SimulatedModel, reply
@@ -26,7 +27,6 @@ from dormant.models.base import Completion
 from dormant.settings import Settings
 from dormant.stores.base import ThreadStatus
 from tests.browser import chromium, serving
-from tests.fake_stream import FakeStream
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -65,10 +65,11 @@ def browser() -> Iterator[Any]:
 
 
 def app_of(system: LocalSystem, **dashboard: Any) -> Any:
-    stream = FakeStream(system)
-    dashboard.setdefault("stream_url", lambda thread_id: f"/dormant/threads/{thread_id}/events")
+    """``dormant serve``'s app: the dashboard, and the thread stream's SSE route it reads
+    with the signed URLs of ``client.stream_url``."""
+    dashboard.setdefault("stream_url", client_stream_url(system))
     board = Dashboard(system, **dashboard)
-    return stream.wrap(asgi_app(system, WebhookReceiver(system, []), board))
+    return asgi_app(system, WebhookReceiver(system, []), board)
 
 
 def rows(page: Any) -> list[str]:

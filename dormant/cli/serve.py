@@ -37,4 +37,13 @@ def serve(
         dashboard = serve_dashboard(client)
         app = asgi_app(client, WebhookReceiver(client, sources), dashboard)
         # No access log: webhook and callback URLs carry tokens, which must not land in logs.
-        uvicorn.run(app, host=host, port=port, log_level="info", lifespan="on", access_log=False)
+        # Open streams (SSE) end only with their threads: a stop waits 5 s for them, no more.
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            lifespan="on",
+            access_log=False,
+            timeout_graceful_shutdown=5,
+        )

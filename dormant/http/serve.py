@@ -3,8 +3,10 @@
 Routes: ``POST /dormant/callbacks/{thread_id}/{call_id}?token=`` (the WSGI callback receiver
 in ``dormant.callbacks``, run unchanged on a worker thread), ``POST
 /dormant/webhooks/{source}/{thread_id}/{call_id}?token=`` (``dormant.webhooks``), ``GET
-/healthz`` (the process answers), ``GET /readyz`` (the database answers) and the thread
-dashboard under ``/dormant/ui/`` (``dormant/http/ui/``, HTML, not JSON). Store calls
+/dormant/threads/{thread_id}/events?token=`` (a thread's stream as Server-Sent Events,
+``dormant.http.stream``), ``GET /healthz`` (the process answers), ``GET /readyz`` (the
+database answers) and the thread dashboard under ``/dormant/ui/`` (``dormant/http/ui/``,
+HTML, not JSON). Store calls
 block, so every request is handled on a worker thread; the event loop only moves bytes.
 Every answer is JSON: an unreachable database or Redis is a 503 (the receivers say so),
 and a bug a 500 whose traceback goes to the log, not to the sender.
@@ -22,6 +24,7 @@ from urllib.parse import quote, unquote
 
 from dormant.base_client import BaseClient
 from dormant.http.callbacks import callback_app
+from dormant.http.stream import THREADS_PREFIX, serve_stream
 from dormant.http.ui.asgi import UI_PREFIX, serve_ui
 from dormant.http.ui.dashboard import Dashboard
 from dormant.http.webhooks import WebhookReceiver, WebhookReply
@@ -55,6 +58,9 @@ def asgi_app(
             await _lifespan(receive, send)
             return
         if scope["type"] != "http":
+            return
+        if scope["path"].startswith(THREADS_PREFIX):  # a stream: sent as it happens
+            await serve_stream(client, scope, receive, send)
             return
         if dashboard is not None and scope["path"].startswith(UI_PREFIX.rstrip("/")):
             await serve_ui(dashboard, scope, receive, send)

@@ -138,6 +138,11 @@ def live_args(event: Event, data: str) -> list[str]:
     return [event.kind, data, attempt, seq, status]
 
 
+_MAX_BLOCK_MS = 4000
+"""The longest ``XREAD BLOCK``: well inside the clients' socket timeouts (10 s, 15 s), so a
+wait is never mistaken for a dead Redis; a reader simply asks again."""
+
+
 def _entry(stream_id: str, fields: dict[str, str]) -> LiveEntry:
     c, _, n = stream_id.partition("-")
     data: dict[str, Any] = json.loads(fields["d"])
@@ -175,7 +180,7 @@ class RedisLive:
     def read(self, thread_id: str, after: tuple[int, int], block_s: float) -> list[LiveEntry]:
         stream = self.keys(thread_id)[1]
         last = f"{after[0]}-{after[1]}"
-        block_ms = int(block_s * 1000)
+        block_ms = min(int(block_s * 1000), _MAX_BLOCK_MS)
         # XREAD BLOCK 0 waits for ever: an immediate answer is a plain XRANGE.
         if block_ms <= 0:
             raw = self._client.xrange(stream, f"({last}", "+", count=self.keep)
@@ -190,11 +195,11 @@ class RedisLive:
             if self._url is None:
                 raise RuntimeError("RedisLive needs url= to read without a thread")
             self._async = redis.asyncio.Redis.from_url(
-                self._url, decode_responses=True, socket_connect_timeout=5
+                self._url, decode_responses=True, socket_connect_timeout=5, socket_timeout=15
             )
         stream = self.keys(thread_id)[1]
         last = f"{after[0]}-{after[1]}"
-        block_ms = int(block_s * 1000)
+        block_ms = min(int(block_s * 1000), _MAX_BLOCK_MS)
         if block_ms <= 0:
             raw = await self._async.xrange(stream, f"({last}", "+", count=self.keep)
             return [_entry(i, f) for i, f in cast(list[Any], raw)]
