@@ -82,3 +82,20 @@ def serving(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=10)
+
+
+def growing_lengths(page: Any, wanted: int, start: int = 0) -> list[int]:
+    """The streaming bubble's text length, each time it has grown past the last one (the
+    first time, past ``start``), ``wanted`` times."""
+    seen: list[int] = []
+    while len(seen) < wanted:
+        page.wait_for_function(
+            "n => { const t = document.querySelector('.bubble.streaming .text');"
+            " return t && t.textContent.length > n; }",
+            arg=seen[-1] if seen else start,
+            timeout=20_000,
+        )
+        seen.append(
+            page.evaluate("document.querySelector('.bubble.streaming .text').textContent.length")
+        )
+    return seen

@@ -26,7 +26,7 @@ from dormant.models import ScriptedModel, SimulatedModel, reply
 from dormant.models.base import Completion
 from dormant.settings import Settings
 from dormant.stores.base import ThreadStatus
-from tests.browser import chromium, serving
+from tests.browser import chromium, growing_lengths, serving
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -167,23 +167,6 @@ def test_a_live_answer_appears_token_by_token(system: LocalSystem, browser: Any)
     assert streaming_hidden
     assert final == stored.text  # type: ignore[union-attr]
     assert errors == []
-
-
-def growing_lengths(page: Any, wanted: int, start: int = 0) -> list[int]:
-    """The streaming bubble's text length, each time it has grown past the last one (the
-    first time, past ``start``), ``wanted`` times."""
-    seen: list[int] = []
-    while len(seen) < wanted:
-        page.wait_for_function(
-            "n => { const t = document.querySelector('.bubble.streaming .text');"
-            " return t && t.textContent.length > n; }",
-            arg=seen[-1] if seen else start,
-            timeout=20_000,
-        )
-        seen.append(
-            page.evaluate("document.querySelector('.bubble.streaming .text').textContent.length")
-        )
-    return seen
 
 
 def test_a_token_guards_the_dashboard_and_a_login_opens_it(

@@ -20,9 +20,11 @@ The host decides who gets in (``allow``: Django's default is an authenticated st
 Flask has no default, so ``allow`` is required); ``DORMANT_UI_TOKEN`` plays no part here.
 ``actions=True`` offers retry and close, whose forms carry the dashboard's own CSRF token
 (the Django view is exempt from Django's CSRF middleware for that reason, and checks its
-own). ``stream_url`` gives the thread page its live view: a function of the thread id
-returning the URL of its event stream (SSE), e.g. ``client.stream_url`` where the stream is
-served.
+own). The thread page's live view reads the thread's event stream (SSE) from the mount
+itself (``thread/events?id=``, behind the same ``allow``; each open page holds one of the
+server's threads while it waits, as any WSGI stream does); ``stream_url`` (a function of
+the thread id) points it elsewhere instead, e.g. at ``dormant serve``'s stream with
+``client.stream_url``.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ def django_view(
 
     def view(request: Any, path: str = "") -> Any:
         from django.contrib.auth.views import redirect_to_login
-        from django.http import HttpResponse
+        from django.http import HttpResponse, StreamingHttpResponse
 
         if not allow(request):
             if not request.user.is_authenticated:
@@ -71,7 +73,14 @@ def django_view(
             secure=request.is_secure(),
         )
         reply = _dashboard(client(), actions, stream_url).handle(ui)
-        response = HttpResponse(reply.body, status=reply.status, content_type=reply.content_type)
+        if reply.stream is not None:
+            response = StreamingHttpResponse(
+                reply.stream, status=reply.status, content_type=reply.content_type
+            )
+        else:
+            response = HttpResponse(
+                reply.body, status=reply.status, content_type=reply.content_type
+            )
         for name, value in reply.headers:
             if name == "set-cookie":
                 _django_cookie(response, value)
@@ -130,7 +139,8 @@ def flask_blueprint(
             secure=request.is_secure,
         )
         reply: UIResponse = _dashboard(client(), actions, stream_url).handle(ui)
-        response = Response(reply.body, reply.status, content_type=reply.content_type)
+        body = reply.stream if reply.stream is not None else reply.body
+        response = Response(body, reply.status, content_type=reply.content_type)
         for header, value in reply.headers:
             response.headers.add(header, value)
         return response
@@ -139,4 +149,5 @@ def flask_blueprint(
 
 
 def _dashboard(client: BaseClient, actions: bool, stream_url: StreamUrl | None) -> Dashboard:
-    return Dashboard(client, actions=actions, stream_url=stream_url)
+    """With no ``stream_url``, the dashboard serves the live view's stream itself."""
+    return Dashboard(client, actions=actions, stream_url=stream_url, live=True)

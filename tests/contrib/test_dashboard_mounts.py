@@ -6,16 +6,19 @@ import re
 import subprocess
 import sys
 import textwrap
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from flask import Flask, request
+from werkzeug.serving import make_server
 
 from dormant import Agent, LocalSystem
 from dormant.contrib.dashboard import flask_blueprint
-from dormant.models import ScriptedModel, reply
+from dormant.models import ScriptedModel, SimulatedModel, reply
 from dormant.stores.base import ThreadStatus
+from tests.browser import chromium, growing_lengths
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ECHO = Agent("echo", model=ScriptedModel(lambda items: reply("hello back")))
@@ -55,6 +58,38 @@ def test_flask_shows_the_dashboard_to_whom_allow_admits_and_runs_its_actions(
     assert closed.status_code == 303
     assert closed.headers["Location"] == f"/ops/dormant/thread?id={thread_id}"
     assert system.thread(thread_id).status is ThreadStatus.CLOSED
+    live = web.get(f"/ops/dormant/thread?id={thread_id}", headers=operator).get_data(True)
+    assert f'data-stream="/ops/dormant/thread/events?id={thread_id}"' in live
+    events = web.get(f"/ops/dormant/thread/events?id={thread_id}", headers=operator)
+    assert events.mimetype == "text/event-stream"
+    sent = events.get_data(as_text=True)  # the thread is closed: the stream ends
+    assert "event: item" in sent and '"status":"closed"' in sent
+    assert web.get(f"/ops/dormant/thread/events?id={thread_id}").status_code == 403
+
+
+def test_a_flask_mount_shows_a_live_answer_token_by_token_in_a_browser() -> None:
+    slow = SimulatedModel(completion_chars=200, chunk_chars=5, chunk_delay_s=0.08)
+    with LocalSystem([Agent("writer", model=slow)], "memory://") as system:
+        app = Flask(__name__)
+        app.register_blueprint(
+            flask_blueprint(lambda: system, allow=lambda: True), url_prefix="/ops/dormant"
+        )
+        server = make_server("127.0.0.1", 0, app, threaded=True)
+        serving = threading.Thread(target=server.serve_forever, daemon=True)
+        serving.start()
+        try:
+            with chromium() as browser:
+                page = browser.new_page()
+                thread_id = system.launch("writer", "draft it", thread_id="thr_flask_live")
+                page.goto(f"http://127.0.0.1:{server.port}/ops/dormant/thread?id={thread_id}")
+                lengths = growing_lengths(page, wanted=3)
+                page.wait_for_selector("li.bubble.assistant[data-seq='2']", timeout=30_000)
+                page.close()
+        finally:
+            server.shutdown()
+        system.run_until_idle()
+
+    assert lengths == sorted(lengths) and len(set(lengths)) == 3
 
 
 DJANGO_SCRIPT = """
@@ -87,7 +122,7 @@ from django.urls import re_path
 
 from dormant import Agent, LocalSystem
 from dormant.contrib.dashboard import django_view
-from dormant.models import ScriptedModel, reply
+from dormant.models import ScriptedModel, SimulatedModel, reply
 
 system = LocalSystem([Agent("echo", model=ScriptedModel(lambda items: reply("hi")))], "memory://")
 urlpatterns = [re_path(r"^dormant/ui/(?P<path>.*)$", django_view(lambda: system, actions=True))]
@@ -109,6 +144,9 @@ form = {"id": thread_id, "csrf": token, "reason": "from django"}
 print("forged", web.post("/dormant/ui/thread/close", {**form, "csrf": "0"}).status_code)
 closed = web.post("/dormant/ui/thread/close", form)
 print("closed", closed.status_code, system.thread(thread_id).status.value)
+events = web.get("/dormant/ui/thread/events", {"id": thread_id})
+sent = b"".join(events.streaming_content).decode()
+print("events", events["Content-Type"], "event: item" in sent, '"status":"closed"' in sent)
 system.close()
 """
 
@@ -126,4 +164,5 @@ def test_django_shows_the_dashboard_to_staff_and_checks_its_own_csrf(tmp_path: P
         "staff 200 True",
         "forged 403",
         "closed 303 closed",
+        "events text/event-stream; charset=utf-8 True True",
     ]

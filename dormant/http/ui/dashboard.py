@@ -9,14 +9,15 @@ checked), ``GET static/...``, and ``login``/``logout`` when a token guards it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from importlib import resources
 from urllib.parse import quote
 
 from dormant.base_client import BaseClient
-from dormant.errors import MalformedMessage, NotFound, UnknownThread
+from dormant.errors import InvalidStreamId, MalformedMessage, NotFound, UnknownThread
+from dormant.http.stream import sse_response
 from dormant.http.ui.guard import CSRF_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Csrf, TokenGate
 from dormant.http.ui.html import esc, page
 from dormant.http.ui.listing import ListQuery, list_body
@@ -59,11 +60,17 @@ class UIResponse:
     body: bytes
     content_type: str = _HTML
     headers: tuple[tuple[str, str], ...] = ()
+    stream: Iterator[bytes] | None = None
+    """A body sent as it is produced (the live view's events), instead of ``body``."""
 
 
 class Dashboard:
     """Pages over ``client``'s store. ``gate`` None: the host app authenticated the
-    request; ``actions``: retry and close are offered (else the dashboard is read-only)."""
+    request; ``actions``: retry and close are offered (else the dashboard is read-only).
+
+    The thread page's live view reads the thread's event stream at ``stream_url(thread_id)``;
+    with ``live`` and no ``stream_url``, the dashboard serves that stream itself, behind the
+    same auth, at ``thread/events?id=`` (a host app's mount: ``UIResponse.stream``)."""
 
     def __init__(
         self,
@@ -72,11 +79,13 @@ class Dashboard:
         actions: bool = False,
         gate: TokenGate | None = None,
         stream_url: StreamUrl | None = None,
+        live: bool = False,
     ) -> None:
         self.client = client
         self.actions = actions
         self.gate = gate
         self.stream_url = stream_url
+        self.live = live
         keys = client.settings.secret_keys
         self.csrf = Csrf(keys[0] if keys else Csrf.new_cookie() * 2)
 
@@ -99,7 +108,7 @@ class Dashboard:
             return self._route(request, path)
         except UnknownThread as error:
             return self._html(request, 404, "not found", f'<p class="alert">{esc(error)}</p>')
-        except (MalformedMessage, NotFound) as error:
+        except (MalformedMessage, NotFound, InvalidStreamId) as error:
             return self._html(request, 400, "bad request", f'<p class="alert">{esc(error)}</p>')
 
     def _route(self, request: UIRequest, path: str) -> UIResponse:
@@ -111,14 +120,28 @@ class Dashboard:
         if path == "thread" and request.method == "GET":
             info = self.client.thread(request.query.get("id", ""))
             return self._thread(request, info, now)
+        if path == "thread/events" and request.method == "GET" and self.live:
+            return self._events(request)
         if path in ("thread/retry", "thread/close") and request.method == "POST":
             return self._act(request, path.removeprefix("thread/"))
         if path == "logout" and request.method == "POST":
             return _redirect(request.root + "login", (SESSION_COOKIE, "", 0, request))
         return _text(404, f"no page {path!r}")
 
+    def _events(self, request: UIRequest) -> UIResponse:
+        after = request.headers.get("last-event-id") or request.query.get("after") or None
+        sse = sse_response(self.client, request.query.get("id", ""), after)
+        kind = dict(sse.headers).get("Content-Type", "text/event-stream")
+        headers = tuple((k.lower(), v) for k, v in sse.headers if k.lower() != "content-type")
+        return UIResponse(sse.status, b"", kind, headers, stream=sse.body)
+
     def _thread(self, request: UIRequest, info: ThreadInfo, now: datetime) -> UIResponse:
-        stream = self.stream_url(info.id) if self.stream_url else None
+        if self.stream_url is not None:
+            stream = self.stream_url(info.id)
+        elif self.live:
+            stream = f"{request.root}thread/events?id={quote(info.id, safe='')}"
+        else:
+            stream = None
         body = thread_body(
             self.client,
             info,
