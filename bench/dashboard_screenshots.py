@@ -1,12 +1,13 @@
 """The screenshots of docs/monitoring.md: the dashboard over a small fleet, in headless Chromium.
 
-    .venv/bin/python bench/dashboard_screenshots.py            # writes docs/dashboard-*.png
+    .venv/bin/python bench/dashboard_screenshots.py     # writes docs/dashboard-*.png
 
 The fleet runs in this process (``LocalSystem`` on a SQLite file): release threads with
 children and a threaded event (``examples/family.py``'s agent), triage threads waiting on a
 build (``dormant demo``'s), writers with token usage, a stalled thread whose provider
 refuses the key, and closed ones. ``dormant serve``'s app serves it on a free port; Chromium
-(Debian's ``/usr/bin/chromium``, driven by Playwright) takes the list and a thread page.
+(Debian's ``/usr/bin/chromium``, driven by Playwright) takes the list, a thread page, and a
+thread page while its answer streams in (``drafter``, a slow simulated model).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from dormant.demo import TRIAGE  # noqa: E402
 from dormant.errors import ModelFatal  # noqa: E402
 from dormant.http.serve import asgi_app  # noqa: E402
 from dormant.http.ui.dashboard import Dashboard  # noqa: E402
+from dormant.http.ui.setup import client_stream_url  # noqa: E402
 from dormant.http.webhooks import WebhookReceiver  # noqa: E402
 from dormant.messages import Item  # noqa: E402
 from dormant.models import ScriptedModel, SimulatedModel  # noqa: E402
@@ -55,6 +57,9 @@ def _refused(items: Sequence[Item]) -> Completion:
 
 BILLING = Agent("billing", model=ScriptedModel(_refused, name="anthropic"))
 WRITER = Agent("writer", model=SimulatedModel(completion_chars=420, chunk_chars=60))
+SLOW_WRITER = Agent(
+    "drafter", model=SimulatedModel(completion_chars=1600, chunk_chars=8, chunk_delay_s=0.04)
+)
 
 
 def build_fleet(system: LocalSystem) -> str:
@@ -81,7 +86,7 @@ def build_fleet(system: LocalSystem) -> str:
 @contextmanager
 def serving(system: LocalSystem, actions: bool) -> Iterator[str]:
     """``dormant serve``'s ASGI app with the dashboard, on a free loopback port."""
-    dashboard = Dashboard(system, actions=actions)
+    dashboard = Dashboard(system, actions=actions, stream_url=client_stream_url(system))
     app = asgi_app(system, WebhookReceiver(system, []), dashboard)
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -110,7 +115,7 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as tmp:
-        agents = [RELEASE, TRIAGE, BILLING, WRITER]
+        agents = [RELEASE, TRIAGE, BILLING, WRITER, SLOW_WRITER]
         with LocalSystem(agents, f"sqlite:///{tmp}/fleet.db") as system:
             shown = build_fleet(system)
             with serving(system, actions=True) as base, sync_playwright() as pw:
@@ -120,8 +125,17 @@ def main() -> None:
                 page.screenshot(path=str(args.out / "dashboard-threads.png"), full_page=True)
                 page.goto(f"{base}thread?id={shown}")
                 page.screenshot(path=str(args.out / "dashboard-thread.png"), full_page=True)
+                live = system.launch(
+                    "drafter", "Draft the 1.4 release notes.", thread_id="thr_notes"
+                )
+                page.goto(f"{base}thread?id={live}")
+                page.wait_for_function(
+                    "document.querySelector('.bubble.streaming .text').textContent.length > 420"
+                )
+                page.screenshot(path=str(args.out / "dashboard-live.png"))
+                system.run_until_idle(raise_on_failure=False)
                 browser.close()
-    print(f"wrote {args.out}/dashboard-threads.png and dashboard-thread.png")
+    print(f"wrote dashboard-threads.png, dashboard-thread.png and dashboard-live.png in {args.out}")
 
 
 if __name__ == "__main__":

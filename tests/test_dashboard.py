@@ -248,3 +248,23 @@ def test_a_waiting_thread_shows_its_pending_call_and_a_parent_its_children() -> 
     assert f'class="mono me" href="/dormant/ui/thread?id={children[0]}"' in tree
     assert f">{parent}</a>" in tree
     assert 'class="bubble user inherited"' in family_page
+
+
+def test_messages_still_in_the_inbox_show_as_queued_after_the_history(
+    system: LocalSystem,
+) -> None:
+    from dormant.messages import UserMessage
+    from dormant.stores.base import NewThread, Priority
+
+    queued = NewThread(
+        id="thr_queued",
+        agent="echo",
+        messages=[("m1", UserMessage(text="are you there?"), Priority.INTERACTIVE)],
+    )
+    system.store.create_thread(queued)  # stored, never woken: its message waits
+
+    body = get(Dashboard(system), "thread", id="thr_queued").body.decode()
+
+    assert 'class="bubble user queued"' in body
+    assert "are you there?" in body.split('class="bubble user queued"')[1]
+    assert "No items yet" not in body

@@ -8,10 +8,29 @@ from datetime import datetime
 
 from dormant.base_client import BaseClient
 from dormant.http.ui.html import ago, badge, esc, href, json_block, short
-from dormant.messages import AssistantTurn, EventShown, Summary, ToolCall, ToolResult, UserText
+from dormant.messages import (
+    AssistantTurn,
+    ChildReport,
+    EventMessage,
+    EventShown,
+    ParentMessage,
+    Summary,
+    ToolCall,
+    ToolResult,
+    ToolResultMessage,
+    UserMessage,
+    UserText,
+)
 from dormant.ops.inspect import thread_record
 from dormant.runtime.history import pending
-from dormant.stores.base import CallRecord, StoredItem, ThreadInfo, ThreadStatus
+from dormant.stores.base import (
+    CallRecord,
+    InboxRow,
+    InboxState,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+)
 
 __all__ = ["MAX_TREE_NODES", "thread_body"]
 
@@ -32,10 +51,12 @@ def thread_body(
     """Everything below the top bar; ``actions`` is the rendered action forms (or "")."""
     store = client.store
     record = thread_record(store, info)
-    calls = store.load(info.id).calls
+    snap = store.load(info.id)
+    calls = snap.calls
     items = client.stored_history(info.id, full=full)
     last_seq = max((s.seq for s in items), default=0)
-    timeline = "".join(_item(s, info, calls, root) for s in items)
+    timeline = "".join(_item(s, info, calls) for s in items)
+    timeline += "".join(_queued(row) for row in snap.inbox)
     view = (
         f'<a href="{href(root, "thread", id=info.id)}">model view</a> · <b>full transcript</b>'
         if full
@@ -165,7 +186,28 @@ def _call(call: ToolCall, calls: dict[str, CallRecord]) -> str:
     )
 
 
-def _item(stored: StoredItem, info: ThreadInfo, calls: dict[str, CallRecord], root: str) -> str:
+def _queued(row: InboxRow) -> str:
+    """A message in the inbox, not yet applied: it joins the history with the next commit."""
+    state = "deferred" if row.state is InboxState.DEFERRED else "queued"
+    match row.message:
+        case UserMessage(text=text):
+            who, text, kind = "user", text, "user"
+        case ToolResultMessage(call_id=call_id, content=text):
+            who, kind = f"result for <code>{esc(call_id)}</code>", "tool_result"
+        case (
+            EventMessage(call_id=call_id, content=text)
+            | ChildReport(call_id=call_id, content=text)
+            | ParentMessage(call_id=call_id, content=text)
+        ):
+            who, kind = f"{esc(row.message.kind)} on <code>{esc(call_id)}</code>", "event"
+    return (
+        f'<li class="bubble {kind} queued" data-inbox="{row.id}">'
+        f'<span class="seq">{state}</span><span class="who">{who} <em>{state}</em></span>'
+        f'<div class="text">{esc(short(text, 2000))}</div></li>'
+    )
+
+
+def _item(stored: StoredItem, info: ThreadInfo, calls: dict[str, CallRecord]) -> str:
     inherited = info.fork_seq is not None and stored.seq <= info.fork_seq
     cls = " inherited" if inherited else ""
     seq = f'<span class="seq">#{stored.seq}</span>'

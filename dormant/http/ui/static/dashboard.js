@@ -91,6 +91,8 @@ function live(box) {
     lastSeq = d.seq;
     const empty = items.querySelector("li.empty");
     if (empty) empty.remove();
+    // A committed item was applied from the inbox: the queued copies shown are now in it.
+    items.querySelectorAll("li.queued").forEach((li) => li.remove());
     items.append(itemNode(d.seq, d.item));
   });
   source.addEventListener("dispatched", (e) => {
