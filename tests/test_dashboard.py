@@ -268,3 +268,17 @@ def test_messages_still_in_the_inbox_show_as_queued_after_the_history(
     assert 'class="bubble user queued"' in body
     assert "are you there?" in body.split('class="bubble user queued"')[1]
     assert "No items yet" not in body
+
+
+def test_dormant_serves_dashboard_takes_its_token_and_actions_from_the_environment() -> None:
+    from dormant.http.ui.setup import serve_dashboard
+    from dormant.settings import Settings
+
+    env = {"DORMANT_UI_TOKEN": "t0ken", "DORMANT_UI_ACTIONS": "1", "DORMANT_SECRET_KEY": "k"}
+    with LocalSystem([], "memory://", settings=Settings.from_env(env)) as configured:
+        board = serve_dashboard(configured)
+    with LocalSystem([], "memory://", settings=Settings.from_env({})) as plain:
+        default = serve_dashboard(plain)
+
+    assert board.gate is not None and board.gate.token == "t0ken" and board.actions
+    assert default.gate is not None and default.gate.token == "" and not default.actions
