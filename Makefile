@@ -58,6 +58,7 @@ bench: bench-env
 		--langgraph-waves 10,10,10
 	$(BIN)/python bench/celery_throughput.py --quick
 	$(BIN)/python bench/mcp_calls.py
+	$(BIN)/python bench/stream.py
 	$(BENCH_PLOT)/bin/python bench/plots.py
 
 bench-full: bench-env

@@ -2,8 +2,8 @@
 
 An event id is ``"<c>.<n>"``. ``c`` is a boundary in the thread's committed history: the
 seq the next item would get when the event happened. A committed item of seq ``k`` has the
-id ``"<k+1>.0"``; a live event (a chunk, a dispatch, a status change) published while ``k+1``
-items... were the boundary has ``"<k+1>.<n>"`` with ``n >= 1``, taken from Redis's clock in
+id ``"<k+1>.0"``; a live event (a chunk, a dispatch, a status change) published while the
+boundary was ``k+1`` has ``"<k+1>.<n>"`` with ``n >= 1``, taken from Redis's clock in
 microseconds (or the process's, for ``LocalSystem``) and bumped to stay strictly
 increasing. Ids compare as the pair ``(c, n)``, so:
 
@@ -20,7 +20,6 @@ that know their shape.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal, Protocol
 
@@ -155,7 +154,3 @@ class LiveLog(Protocol):
     def closed_at(self, thread_id: str) -> tuple[int, int] | None:
         """The id of the live ``closed`` status, if the log holds one."""
         ...
-
-
-StreamIterator = Iterator[StreamEvent]
-AsyncStreamIterator = AsyncIterator[StreamEvent]

@@ -58,11 +58,14 @@ class Collected:
     error: BaseException | None = None
 
 
-def read_all(open_stream: Opener, *, seed: int | None = None) -> Collected:
+def read_all(
+    open_stream: Opener, *, seed: int | None = None, into: Collected | None = None
+) -> Collected:
     """Read until the stream ends; with ``seed``, drop the connection after a random number
-    of events (1 to 6) every time and resume after the last id seen."""
+    of events (1 to 6) every time and resume after the last id seen. Events go to ``into``
+    as they arrive."""
     rng = random.Random(seed)
-    got = Collected()
+    got = into if into is not None else Collected()
     last: str | None = None
     while True:
         budget = rng.randint(1, 6) if seed is not None else -1
@@ -80,27 +83,31 @@ def read_all(open_stream: Opener, *, seed: int | None = None) -> Collected:
 
 
 class BackgroundReader:
-    """``read_all`` on a thread of its own, started at once."""
+    """``read_all`` on a thread of its own, started at once; ``got`` fills as it reads."""
 
     def __init__(self, open_stream: Opener, seed: int | None = None) -> None:
-        self._box: list[Collected] = []
+        self.got = Collected()
+        self.finished = False
 
         def run() -> None:
             try:
-                self._box.append(read_all(open_stream, seed=seed))
+                read_all(open_stream, seed=seed, into=self.got)
             except BaseException as error:  # re-raised by result()
-                self._box.append(Collected(error=error))
+                self.got.error = error
+            self.finished = True
 
         self.thread = threading.Thread(target=run, daemon=True)
         self.thread.start()
 
+    def count(self, kind: type[StreamEvent]) -> int:  # type: ignore[valid-type]
+        return sum(isinstance(e, kind) for e in list(self.got.events))
+
     def result(self, timeout_s: float) -> Collected:
         self.thread.join(timeout_s)
-        assert self._box, f"the reader did not finish within {timeout_s} s"
-        got = self._box[0]
-        if got.error is not None:
-            raise got.error
-        return got
+        assert self.finished, f"the reader did not finish within {timeout_s} s"
+        if self.got.error is not None:
+            raise self.got.error
+        return self.got
 
 
 def check_rebuilds(

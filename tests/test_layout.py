@@ -53,12 +53,22 @@ PUBLIC = {
         "dormant_client",
         "install",
         "settings",
+        "stream_response",
     },
     "dormant.contrib.flask": {"Dormant", "settings_from_config"},
     "dormant.contrib.dashboard": {"django_view", "flask_blueprint"},
     "dormant.contrib.sqlalchemy": {"bind", "session_on_commit"},
     "dormant.demo": {"run_demo"},
     "dormant.cli": {"app"},
+    "dormant.streams": {
+        "CLOSED_N", "LiveEntry", "LiveLog", "StreamChunk", "StreamDispatched", "StreamEvent",
+        "StreamEventAdapter", "StreamItem", "StreamRetry", "StreamStatus", "format_id",
+        "parse_id",
+    },
+    "dormant.http.stream": {
+        "HEARTBEAT_S", "SSE_HEADERS", "SSEResponse", "THREADS_PREFIX", "serve_stream",
+        "sse_message", "sse_response", "verify_stream_token",
+    },
 }  # fmt: skip
 """Every module path the README, docs and examples import from, with its exact ``__all__``."""
 

@@ -4,12 +4,15 @@ reader sees, and what they see rebuilds the stored history and the live text."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import time
+from collections.abc import Callable, Iterator
 
 import pytest
 
 from dormant import Agent, LocalSystem, Settings
 from dormant.errors import InvalidStreamId, UnknownThread
+from dormant.http.stream import sse_response
 from dormant.streams import StreamChunk, StreamEvent, StreamRetry, StreamStatus
 from tests.conftest import BACKENDS, StoreOpener
 from tests.stream_support import BackgroundReader, Streamer, check_rebuilds
@@ -40,6 +43,7 @@ def test_a_reader_resuming_at_random_points_sees_what_an_unbroken_reader_sees(
         system.run_until_idle()
         unbroken = BackgroundReader(_opener(system, thread_id))
         broken = BackgroundReader(_opener(system, thread_id), seed=seed)
+        wait_for(lambda: unbroken.got.events and broken.got.events, "the readers to start")
         for turn in range(1, TURNS):
             system.send(thread_id, f"turn {turn}")
             system.run_until_idle()
@@ -63,6 +67,7 @@ def test_a_model_failure_mid_answer_says_retry_and_the_text_starts_again() -> No
         system.run_until_idle()
         model.calls, model.fail_first = 0, 1
         reader = BackgroundReader(_opener(system, thread_id), seed=7)
+        wait_for(lambda: bool(reader.got.events), "the reader to start")
         system.send(thread_id, "turn 1")
         system.run_until_idle()
         system.close_thread(thread_id)
@@ -103,3 +108,58 @@ def test_an_idle_stream_ends_after_its_timeout_and_bad_input_is_refused() -> Non
             list(system.stream(thread_id, "12;DROP", timeout_s=0.1))
         with pytest.raises(UnknownThread):
             list(system.stream("thr_nobody", timeout_s=0.1))
+
+
+def test_closing_a_thread_mid_answer_says_retry_then_closed() -> None:
+    model = Streamer(words=400, pause_s=0.005)
+    with _memory(model) as system:
+        thread_id = system.launch("streamer", "turn 0")
+        system.run_until_idle(timeout_s=30)
+        reader = BackgroundReader(_opener(system, thread_id))
+        wait_for(lambda: len(reader.got.events) >= 2, "the reader to see the history")
+        system.send(thread_id, "turn 1")
+        wait_for(lambda: reader.count(StreamChunk) >= 5, "text to stream")
+        system.close_thread(thread_id, reason="enough")
+        got = reader.result(30)
+    tail = [e.type for e in got.events if e.type != "chunk"][-2:]
+    assert tail == ["retry", "status"]
+    assert got.events[-1] == StreamStatus(id=got.events[-1].id, status="closed", detail="enough")
+    assert isinstance(got.events[-2], StreamRetry)
+    assert "closed" in got.events[-2].reason
+
+
+def test_astream_is_the_same_stream_without_a_thread() -> None:
+    with _memory(Streamer(words=20)) as system:
+        thread_id = system.launch("streamer", "turn 0")
+        system.run_until_idle()
+        system.send(thread_id, "turn 1")
+        system.run_until_idle()
+        system.close_thread(thread_id)
+
+        async def read() -> list[StreamEvent]:
+            return [event async for event in system.astream(thread_id, timeout_s=5)]
+
+        events = asyncio.run(read())
+        assert events == list(system.stream(thread_id, timeout_s=5))
+        assert [e.type for e in events] == ["item"] * 4 + ["status"]
+
+
+def test_an_idle_sse_body_sends_heartbeats() -> None:
+    with _memory(Streamer(words=3)) as system:
+        thread_id = system.launch("streamer", "hello")
+        system.run_until_idle()
+        body = sse_response(system, thread_id, heartbeat_s=0.05).body
+        first = [next(body) for _ in range(3)]
+        assert first[0] == b"retry: 1000\n\n"
+        assert first[1].startswith(b"id: 2.0\nevent: item\ndata: {")
+        assert next(body) == b": ping\n\n"
+        system.close_thread(thread_id)
+        rest = list(body)
+        assert rest[-1].startswith(b"id: ") and b"event: status\n" in rest[-1]
+
+
+def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.005)

@@ -18,6 +18,8 @@ runs the agents) and gives ``dormant.client``: wakes go through ``celery_app``, 
 ``DORMANT_*`` keys) takes the names of docs/celery.md; ``DATABASE_URL`` defaults to
 ``SQLALCHEMY_DATABASE_URI`` and ``REDIS_URL`` to the Celery broker when it is Redis.
 ``init_app`` also adds ``flask dormant ...``: every ``dormant`` command, with these settings.
+``dormant.stream_response(thread_id)`` serves a thread's stream as Server-Sent Events from a
+view that checked the user itself (docs/streaming.md).
 """
 
 from __future__ import annotations
@@ -27,12 +29,12 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import click
-from flask import Flask, current_app
+from flask import Flask, Response, current_app, request
 from flask.cli import with_appcontext
 
 from dormant.contrib._settings import redis_url_of, settings_from
 from dormant.contrib.sqlalchemy import session_on_commit
-from dormant.errors import ConfigurationError
+from dormant.errors import ConfigurationError, InvalidStreamId, UnknownThread
 from dormant.settings import Settings
 
 if TYPE_CHECKING:
@@ -125,6 +127,21 @@ class Dormant:
             if state.client is None:
                 state.client = self._build(state)
             return state.client
+
+    def stream_response(self, thread_id: str, app: Flask | None = None) -> Response:
+        """A streaming ``Response`` of ``thread_id``'s Server-Sent Events, after the request's
+        ``Last-Event-ID`` header (or ``?after=``): for a view that checked the user itself.
+        404 for an unknown thread, 400 for an id no stream gave out."""
+        from dormant.http.stream import sse_response
+
+        after = request.headers.get("Last-Event-ID") or request.args.get("after")
+        try:
+            sse = sse_response(self.client(app), thread_id, after)
+        except UnknownThread:
+            return Response(f"unknown thread {thread_id!r}", status=404)
+        except InvalidStreamId as error:
+            return Response(str(error), status=400)
+        return Response(sse.body, status=sse.status, headers=sse.headers)
 
     def _build(self, state: _State) -> Client:
         from dormant.client import Client

@@ -22,7 +22,6 @@ import logging
 import time
 from collections.abc import (
     AsyncGenerator,
-    AsyncIterator,
     Awaitable,
     Callable,
     Iterator,

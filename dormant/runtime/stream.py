@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-from dormant.messages import ItemAdapter
+from dormant.messages import AssistantTurn, ItemAdapter
 from dormant.stores.base import Store, StoredItem, ThreadInfo, ThreadStatus
 from dormant.stores.lineage import next_seq
 from dormant.streams import (
@@ -59,7 +59,7 @@ class StreamReader:
     place: tuple[int, int] = (0, 0)
     expected: int = 0
     partial: bool = False
-    """Chunks were (or may have been) delivered since the last item."""
+    """Chunks were (or may have been) delivered since the last answer (assistant item)."""
     _read: tuple[int, int] = (0, 0)
     _refresh_at: float = field(default=0.0)
     _started: bool = False
@@ -207,7 +207,8 @@ class StreamReader:
         match event:
             case StreamItem():
                 self.expected = event.seq + 1
-                self.partial = False
+                if isinstance(event.item, AssistantTurn):
+                    self.partial = False
             case StreamChunk():
                 self.partial = True
             case StreamRetry():

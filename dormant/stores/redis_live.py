@@ -15,6 +15,7 @@ every id given before, with a ``start`` entry that tells readers text may be los
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, cast
 
@@ -69,7 +70,9 @@ local function live_append(kw, ks, km, kind, data, attempt, seq, status, maxlen)
     if cid > c then
       redis.call('HSET', km, 'c', string.format('%d', cid))
     end
-    redis.call('HDEL', km, 'partial')
+    if status == 'assistant' then
+      redis.call('HDEL', km, 'partial')  -- the answer is in: its text is no longer pending
+    end
     live_add(ks, km, cid, 0, kind, data, maxlen)
     return
   end
@@ -95,7 +98,8 @@ local function live_append(kw, ks, km, kind, data, attempt, seq, status, maxlen)
 end
 """
 """Lua functions for the scripts that publish events: ``live_append(watch, stream, meta,
-kind, json, attempt, seq, status, maxlen)`` appends one event if its thread is watched."""
+kind, json, attempt, seq, label, maxlen)`` appends one event if its thread is watched
+(``status`` in the Lua is the label: a status's value, or an item's kind)."""
 
 # KEYS: watch, stream, meta; ARGV: c (or ""), ttl in ms, maxlen. Marks the thread watched, raises
 # the boundary to c, and starts the log (a "start" entry) if it has none.
@@ -131,11 +135,15 @@ def live_keys(prefix: str, thread_id: str) -> list[str]:
 
 def live_args(event: Event, data: str) -> list[str]:
     """The ``live_append`` arguments of ``event`` after its keys: kind, JSON, attempt, seq,
-    status."""
+    label (a status's value or an item's kind)."""
     attempt = event.attempt if isinstance(event, Chunk) else ""
     seq = str(event.seq) if isinstance(event, ItemAdded) else "0"
-    status = event.status if isinstance(event, StatusChanged) else ""
-    return [event.kind, data, attempt, seq, status]
+    label = ""  # a status's value, or an item's kind
+    if isinstance(event, StatusChanged):
+        label = event.status
+    elif isinstance(event, ItemAdded):
+        label = event.item.kind
+    return [event.kind, data, attempt, seq, label]
 
 
 _MAX_BLOCK_MS = 4000
@@ -169,6 +177,7 @@ class RedisLive:
         self.ttl_s = ttl_s
         self._watch = client.register_script(_WATCH)
         self._async: redis.asyncio.Redis | None = None
+        self._async_loop: asyncio.AbstractEventLoop | None = None
 
     def keys(self, thread_id: str) -> list[str]:
         return live_keys(self._prefix, thread_id)
@@ -191,9 +200,11 @@ class RedisLive:
     async def aread(
         self, thread_id: str, after: tuple[int, int], block_s: float
     ) -> list[LiveEntry]:
-        if self._async is None:
+        loop = asyncio.get_running_loop()
+        if self._async is None or self._async_loop is not loop:  # a client serves one loop
             if self._url is None:
                 raise RuntimeError("RedisLive needs url= to read without a thread")
+            self._async_loop = loop
             self._async = redis.asyncio.Redis.from_url(
                 self._url, decode_responses=True, socket_connect_timeout=5, socket_timeout=15
             )

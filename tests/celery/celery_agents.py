@@ -218,7 +218,25 @@ class _Closable:
         return reply("word " * 600)
 
 
+@dataclass
+class _Streamer:
+    """Answers ``"answer <n>: w0 w1 ..."`` word by word, 25 ms apart (about 2 s an answer):
+    long enough for the stream tests to kill a worker or flush Redis half-way."""
+
+    name: str = "streamer"
+    context_window: int = 128_000
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        turn = sum(1 for item in request.items if isinstance(item, UserText))
+        words = [f"answer {turn}:"] + [f" w{i}" for i in range(80)]
+        for word in words:
+            on_chunk(word)
+            time.sleep(0.025)
+        return Completion(text="".join(words))
+
+
 echo = Agent("echo", model=_Recorded(ScriptedModel(_echo)))
+streamer = Agent("streamer", model=_Streamer())
 forgetful = Agent("forgetful", model=ScriptedModel(_echo), close_after_idle_s=2.0)
 calc = Agent("calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.05), tools=[add])
 slow_calc = Agent("slow_calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.3), tools=[add])
@@ -254,6 +272,7 @@ AGENTS = [
     dumper,
     toolbox,
     closable,
+    streamer,
 ]
 
 

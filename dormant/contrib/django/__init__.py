@@ -13,6 +13,8 @@ docs/celery.md without ``DORMANT_``; ``DATABASE_URL`` defaults to ``DATABASES["d
 (PostgreSQL or SQLite) and ``REDIS_URL`` to the Celery broker when it is Redis. Django is
 imported only when these functions run. ``python manage.py dormant ...`` runs the
 ``dormant`` command with these settings (``management/commands/dormant.py``).
+``stream_response(request, client, thread_id)`` serves a thread's stream as Server-Sent
+Events behind the project's own auth (``stream.py``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy.engine import URL
 
 from dormant.contrib._settings import redis_url_of, settings_from
+from dormant.contrib.django.stream import stream_response
 from dormant.errors import ConfigurationError
 from dormant.settings import Settings
 
@@ -33,7 +36,14 @@ if TYPE_CHECKING:
     from dormant.agents import AgentRegistry, AgentSource
     from dormant.client import Client
 
-__all__ = ["close_clients", "database_url", "dormant_client", "install", "settings"]
+__all__ = [
+    "close_clients",
+    "database_url",
+    "dormant_client",
+    "install",
+    "settings",
+    "stream_response",
+]
 
 
 def settings(celery_app: Celery | None = None) -> Settings:

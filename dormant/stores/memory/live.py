@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dormant.messages import Chunk, Event, ItemAdded, StatusChanged
+from dormant.messages import AssistantTurn, Chunk, Event, ItemAdded, StatusChanged
 from dormant.streams import LiveEntry
 
 __all__ = ["MemoryLive", "abandoned_reason", "retried_reason"]
@@ -66,7 +66,8 @@ class _Log:
         if isinstance(event, ItemAdded):
             cid = event.seq + 1
             self.c = max(self.c, cid)
-            self.partial = None
+            if isinstance(event.item, AssistantTurn):
+                self.partial = None  # the answer is in: its text is no longer pending
             self.add("item", event.model_dump(mode="json"), now_us, n=0)
             return
         if isinstance(event, Chunk):
