@@ -3,19 +3,18 @@
 ``GET /chat/`` is the page (``chat.html``: its script keeps the conversation and the last
 stream event id in ``sessionStorage``); ``POST /chat/send`` launches a thread or sends to
 it; ``GET /chat/<thread_id>/events`` is the thread's stream as Server-Sent Events, served by
-this project (so its own auth can guard it: check the user may read the thread here).
+this project (``dormant.contrib.django.stream_response``), so its own auth can guard it.
 """
 
 from pathlib import Path
 
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
-from dormant.http.stream import sse_response
 from proj.celery import app
 
 import dormant.contrib.django
-from dormant.errors import DormantError, UnknownThread
+from dormant.errors import DormantError
 
 PAGE = Path(__file__).with_name("chat.html")
 
@@ -42,13 +41,6 @@ def send(request: HttpRequest) -> JsonResponse:
 
 @require_GET
 def events(request: HttpRequest, thread_id: str) -> HttpResponse:
+    # A real app checks here that request.user may read thread_id.
     client = dormant.contrib.django.dormant_client(app)
-    after = request.headers.get("Last-Event-ID") or request.GET.get("after")
-    try:
-        stream = sse_response(client, thread_id, after)
-    except UnknownThread:
-        return HttpResponse("no such thread", status=404, content_type="text/plain")
-    response = StreamingHttpResponse(stream.body, status=stream.status)
-    for name, value in stream.headers:
-        response[name] = value
-    return response
+    return dormant.contrib.django.stream_response(request, client, thread_id)

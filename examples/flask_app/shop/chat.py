@@ -3,15 +3,14 @@
 ``GET /chat/`` is the page (``chat.html``: its script keeps the conversation and the last
 stream event id in ``sessionStorage``); ``POST /chat/send`` launches a thread or sends to
 it; ``GET /chat/<thread_id>/events`` is the thread's stream as Server-Sent Events, served by
-this app (so its own auth can guard it: check the user may read the thread here).
+this app (``Dormant.stream_response``), so its own auth can guard it.
 """
 
 from pathlib import Path
 
-from dormant.http.stream import sse_response
 from flask import Blueprint, Response, request
 
-from dormant.errors import DormantError, UnknownThread
+from dormant.errors import DormantError
 from shop import dormant
 
 bp = Blueprint("chat", __name__, url_prefix="/chat")
@@ -39,9 +38,5 @@ def send() -> tuple[dict[str, str], int]:
 
 @bp.get("/<thread_id>/events")
 def events(thread_id: str) -> Response:
-    after = request.headers.get("Last-Event-ID") or request.args.get("after")
-    try:
-        stream = sse_response(dormant.client(), thread_id, after)
-    except UnknownThread:
-        return Response("no such thread", 404, mimetype="text/plain")
-    return Response(stream.body, stream.status, headers=stream.headers)
+    # A real app checks here that the signed-in user may read thread_id.
+    return dormant.stream_response(thread_id)  # honours Last-Event-ID and ?after=
