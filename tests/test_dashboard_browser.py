@@ -9,13 +9,14 @@ simulated model streams the answer the live test watches.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import pytest
 
 from dormant import Agent, LocalSystem
-from dormant.errors import ModelFatal
+from dormant.errors import ModelFatal, ModelRetryable
 from dormant.http.serve import asgi_app
 from dormant.http.ui.dashboard import Dashboard
 from dormant.http.ui.guard import TokenGate
@@ -23,7 +24,7 @@ from dormant.http.ui.setup import client_stream_url
 from dormant.http.webhooks import WebhookReceiver
 from dormant.messages import Item, UserText
 from dormant.models import ScriptedModel, SimulatedModel, reply
-from dormant.models.base import Completion
+from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.settings import Settings
 from dormant.stores.base import ThreadStatus
 from tests.browser import chromium, growing_lengths, serving
@@ -45,9 +46,34 @@ def answer(items: Sequence[Item]) -> Completion:
 
 
 SLOW = SimulatedModel(completion_chars=240, chunk_chars=6, chunk_delay_s=0.08)
+
+
+class DropsItsFirstStream:
+    """Streams "LOST " words, then fails (a dropped stream); the retry streams the answer."""
+
+    name = "drops-first"
+    context_window = 100_000
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        self.attempts += 1
+        if self.attempts == 1:
+            for _ in range(12):
+                on_chunk("LOST ")
+                time.sleep(0.08)  # a slow provider, not a wait for work
+            raise ModelRetryable("stream dropped")
+        for word in ["kept ", "answer ", "only"]:
+            on_chunk(word)
+            time.sleep(0.08)
+        return reply("kept answer only")
+
+
 AGENTS = [
     Agent("echo", model=ScriptedModel(answer)),
     Agent("writer", model=SLOW),
+    Agent("flaky", model=DropsItsFirstStream()),
 ]
 
 
@@ -213,4 +239,29 @@ def test_a_thread_page_reloaded_mid_answer_picks_the_answer_up_again(
 
     assert after >= before  # the stream gave the partial answer back, then went on
     assert answers == [system.history(writer)[-1].text]  # type: ignore[union-attr]
+    assert errors == []
+
+
+def test_a_retried_turn_drops_its_partial_text_from_the_page(
+    system: LocalSystem, browser: Any
+) -> None:
+    with serving(app_of(system)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        thread_id = system.launch("flaky", "say something", thread_id="thr_flaky")
+        page.goto(f"{base}{UI}thread?id={thread_id}")
+        page.wait_for_function(
+            "(document.querySelector('.bubble.streaming .text') || {}).textContent"
+            "?.includes('LOST')"
+        )
+        page.wait_for_selector("ol.items li.bubble.assistant[data-seq='2']", timeout=30_000)
+        shown = page.inner_text("ol.items")
+        streaming_hidden = page.is_hidden(".bubble.streaming")
+        page.close()
+        system.run_until_idle()
+
+    assert "turn retried" in shown
+    assert "LOST" not in shown
+    assert "kept answer only" in shown
+    assert streaming_hidden
     assert errors == []

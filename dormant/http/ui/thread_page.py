@@ -3,10 +3,12 @@ its timeline, and the live text of the turn being streamed."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from datetime import datetime
 
 from dormant.base_client import BaseClient
+from dormant.errors import UnknownThread
 from dormant.http.ui.html import ago, badge, esc, href, json_block, short
 from dormant.messages import (
     AssistantTurn,
@@ -144,7 +146,10 @@ def _usage(info: ThreadInfo) -> str:
 def _tree(client: BaseClient, info: ThreadInfo, root: str) -> str:
     """The thread's family: its root's tree, this thread marked (cut at MAX_TREE_NODES)."""
     store = client.store
-    top = store.thread(info.root_id) if info.root_id and info.root_id != info.id else info
+    top = info
+    if info.root_id and info.root_id != info.id:
+        with contextlib.suppress(UnknownThread):  # a root pruned before its children
+            top = store.thread(info.root_id)
     budget = [MAX_TREE_NODES]
 
     def node(t: ThreadInfo) -> str:
