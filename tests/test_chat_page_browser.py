@@ -3,7 +3,7 @@ in token by token, and a reload mid-answer resumes it with nothing missed or rep
 
 The page is the examples' own ``chat.html`` (the Django and Flask copies are one file); its
 three routes are served here over a ``LocalSystem`` whose ``chat`` agent is a slow simulated
-model, the stream by ``tests/fake_stream.py`` over the real ``client.astream``. The
+model, the stream by ``tests/sse_route.py`` over the real ``client.astream``. The
 examples' own tests (``tests/celery/test_example_*.py``) run the same page in each project,
 with its Celery worker.
 """
@@ -23,7 +23,7 @@ from dormant.messages import AssistantTurn
 from dormant.models import SimulatedModel
 from dormant.settings import Settings
 from tests.browser import chromium, serving
-from tests.fake_stream import FakeStream
+from tests.sse_route import SSERoute
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -54,7 +54,7 @@ def chat_app(system: LocalSystem) -> Any:
             return
         await _reply(send, 404, b"no route", b"text/plain")
 
-    return FakeStream(system, prefix="/chat/").wrap(app)
+    return SSERoute(system, prefix="/chat/").wrap(app)
 
 
 async def _reply(send: Any, status: int, body: bytes, kind: bytes) -> None:

@@ -22,7 +22,7 @@ PREFIX = "/dormant/threads/"
 ASGIApp = Callable[[Any, Any, Any], Awaitable[None]]
 
 
-class FakeStream:
+class SSERoute:
     def __init__(self, client: BaseClient, prefix: str = PREFIX) -> None:
         self.client = client
         self.prefix = prefix
