@@ -1,4 +1,4 @@
-"""The thread stream's SSE route for the in-process browser tests (dashboard, chat page).
+"""The thread stream's SSE route for the in-process browser test of the examples' chat page.
 
 It serves ``GET {prefix}{id}/events`` (``/dormant/threads/`` by default; ``Last-Event-ID``
 or ``?after=``) as the stream contract says, straight from the client's own ``astream``:
