@@ -318,8 +318,16 @@ class BaseClient(ABC):
     def thread(self, thread_id: str) -> ThreadInfo:
         return self.store.thread(thread_id)
 
-    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
-        return self.store.threads(status, limit)
+    def threads(
+        self,
+        status: ThreadStatus | None = None,
+        limit: int = 100,
+        *,
+        agent: str | None = None,
+        before: tuple[datetime, str] | None = None,
+    ) -> list[ThreadInfo]:
+        """Threads newest first; ``before`` pages on (``Store.threads``)."""
+        return self.store.threads(status, limit, agent=agent, before=before)
 
     def stream(
         self, thread_id: str, after: str | None = None, *, timeout_s: float | None = None

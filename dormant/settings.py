@@ -51,6 +51,8 @@ ENV_NAMES = {
     "prune_batch_size": "DORMANT_PRUNE_BATCH_SIZE",
     "prune_interval_s": "DORMANT_PRUNE_INTERVAL_S",
     "rate_limits": "DORMANT_RATE_LIMITS",
+    "ui_token": "DORMANT_UI_TOKEN",
+    "ui_actions": "DORMANT_UI_ACTIONS",
 }
 
 
@@ -156,6 +158,11 @@ class Settings:
     deployments with different prefixes can share one database."""
     debug: bool = False
     """The ``dormant`` command shows tracebacks instead of one line per error."""
+    ui_token: str = ""
+    """The token that opens ``dormant serve``'s dashboard (``/dormant/ui/``). Without one the
+    dashboard answers only on a loopback bind, to local peers not behind a proxy."""
+    ui_actions: bool = False
+    """The dashboard offers retry and close (behind its auth and CSRF); else read-only."""
 
     def __post_init__(self) -> None:
         if not _TABLE_PREFIX.fullmatch(self.table_prefix):
@@ -183,7 +190,7 @@ class Settings:
                 continue
             if name == "secret_keys":
                 values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
-            elif name == "debug":
+            elif name in ("debug", "ui_actions"):
                 values[name] = _flag(var, raw)
             elif name == "webhook_secrets":
                 values[name] = _webhook_secrets(var, raw)

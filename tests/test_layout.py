@@ -56,6 +56,7 @@ PUBLIC = {
         "stream_response",
     },
     "dormant.contrib.flask": {"Dormant", "settings_from_config"},
+    "dormant.contrib.dashboard": {"django_view", "flask_blueprint"},
     "dormant.contrib.sqlalchemy": {"bind", "session_on_commit"},
     "dormant.demo": {"run_demo"},
     "dormant.cli": {"app"},

@@ -231,6 +231,30 @@ def test_threads_lists_newest_first_filtered_by_status_and_limited(store: Store)
     assert store.threads(status=ThreadStatus.STALLED) == []
 
 
+def test_threads_page_by_keyset_filtered_by_agent_and_status(store: Store) -> None:
+    made = [new_thread(store, agent="triage" if i % 3 else "billing") for i in range(9)]
+    store.set_status(made[4].id, ThreadStatus.STALLED)
+    newest_first = sorted(made, key=lambda t: (t.created_at, t.id), reverse=True)
+
+    pages: list[list[str]] = []
+    before: tuple[datetime, str] | None = None
+    while page := store.threads(limit=4, before=before):
+        pages.append([t.id for t in page])
+        before = (page[-1].created_at, page[-1].id)
+    triage = store.threads(agent="triage")
+    stalled_triage = store.threads(ThreadStatus.STALLED, agent="triage")
+
+    assert [len(p) for p in pages] == [4, 4, 1]
+    assert [i for p in pages for i in p] == [t.id for t in newest_first]
+    assert [t.id for t in triage] == [t.id for t in newest_first if t.agent == "triage"]
+    assert [t.id for t in stalled_triage] == [made[4].id]
+    after_first = store.threads(agent="billing", before=(triage[0].created_at, triage[0].id))
+    billing = [t for t in newest_first if t.agent == "billing"]
+    assert [t.id for t in after_first] == [
+        t.id for t in billing if (t.created_at, t.id) < (triage[0].created_at, triage[0].id)
+    ]
+
+
 def test_set_status_resets_failures_and_moves_the_version(store: Store) -> None:
     info = new_thread(store)
     store.record_failure(info.id, "rate limited", stall_after=1)

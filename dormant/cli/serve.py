@@ -16,11 +16,13 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = typer.Option(8000, help="Port to listen on."),
 ) -> None:
-    """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS) and /healthz, /readyz."""
+    """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS), /healthz, /readyz and the
+    thread dashboard at /dormant/ui/ (DORMANT_UI_TOKEN; without it, only on 127.0.0.1)."""
     from dormant.cli.connect import env_settings
     from dormant.client import Client
     from dormant.errors import ConfigurationError
     from dormant.http.serve import asgi_app
+    from dormant.http.ui.setup import serve_dashboard
     from dormant.http.webhooks import WebhookReceiver, github_source
 
     try:
@@ -32,7 +34,8 @@ def serve(
     settings = env_settings().require_secret()
     sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
     with Client.from_settings(settings) as client:
-        app = asgi_app(client, WebhookReceiver(client, sources))
+        dashboard = serve_dashboard(client)
+        app = asgi_app(client, WebhookReceiver(client, sources), dashboard)
         # No access log: webhook and callback URLs carry tokens, which must not land in logs.
         # Open streams (SSE) end only with their threads: a stop waits 5 s for them, no more.
         uvicorn.run(

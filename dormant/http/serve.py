@@ -4,8 +4,9 @@ Routes: ``POST /dormant/callbacks/{thread_id}/{call_id}?token=`` (the WSGI callb
 in ``dormant.callbacks``, run unchanged on a worker thread), ``POST
 /dormant/webhooks/{source}/{thread_id}/{call_id}?token=`` (``dormant.webhooks``), ``GET
 /dormant/threads/{thread_id}/events?token=`` (a thread's stream as Server-Sent Events,
-``dormant.http.stream``), ``GET
-/healthz`` (the process answers) and ``GET /readyz`` (the database answers). Store calls
+``dormant.http.stream``), ``GET /healthz`` (the process answers), ``GET /readyz`` (the
+database answers) and the thread dashboard under ``/dormant/ui/`` (``dormant/http/ui/``,
+HTML, not JSON). Store calls
 block, so every request is handled on a worker thread; the event loop only moves bytes.
 Every answer is JSON: an unreachable database or Redis is a 503 (the receivers say so),
 and a bug a 500 whose traceback goes to the log, not to the sender.
@@ -24,6 +25,8 @@ from urllib.parse import quote, unquote
 from dormant.base_client import BaseClient
 from dormant.http.callbacks import callback_app
 from dormant.http.stream import THREADS_PREFIX, serve_stream
+from dormant.http.ui.asgi import UI_PREFIX, serve_ui
+from dormant.http.ui.dashboard import Dashboard
 from dormant.http.webhooks import WebhookReceiver, WebhookReply
 
 __all__ = ["CALLBACKS_PREFIX", "WEBHOOKS_PREFIX", "asgi_app"]
@@ -42,8 +45,11 @@ class _TooLarge(Exception):
     pass
 
 
-def asgi_app(client: BaseClient, receiver: WebhookReceiver) -> ASGIApp:
-    """One ASGI app over ``client`` (the callbacks) and ``receiver`` (the webhooks)."""
+def asgi_app(
+    client: BaseClient, receiver: WebhookReceiver, dashboard: Dashboard | None = None
+) -> ASGIApp:
+    """One ASGI app over ``client`` (the callbacks) and ``receiver`` (the webhooks), with
+    the thread dashboard at ``/dormant/ui/`` if ``dashboard`` is given."""
     callbacks = callback_app(client)
     limit_bytes = client.settings.max_message_bytes
 
@@ -55,6 +61,9 @@ def asgi_app(client: BaseClient, receiver: WebhookReceiver) -> ASGIApp:
             return
         if scope["path"].startswith(THREADS_PREFIX):  # a stream: sent as it happens
             await serve_stream(client, scope, receive, send)
+            return
+        if dashboard is not None and scope["path"].startswith(UI_PREFIX.rstrip("/")):
+            await serve_ui(dashboard, scope, receive, send)
             return
         try:
             reply = await route(scope, receive)

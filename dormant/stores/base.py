@@ -413,8 +413,18 @@ class InboxStore(Protocol):
 class QueryStore(Protocol):
     def thread(self, thread_id: str) -> ThreadInfo: ...
 
-    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
-        """Threads newest first."""
+    def threads(
+        self,
+        status: ThreadStatus | None = None,
+        limit: int = 100,
+        *,
+        agent: str | None = None,
+        before: tuple[datetime, str] | None = None,
+    ) -> list[ThreadInfo]:
+        """Threads newest first (by ``created_at``, then ``id``), of ``agent`` if given.
+
+        ``before`` is the ``(created_at, id)`` of the last thread of a previous page: the
+        page after it (keyset paging, as fast on the thousandth page as on the first)."""
         ...
 
     def history(self, thread_id: str) -> list[StoredItem]:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 import redis
 from conftest import REDIS_URL, wait_until
+from example_chat import assert_resumed, chat_and_reload
 from example_support import ExampleRun, empty_database, example_run, free_port
 from sqlalchemy import create_engine, inspect
 
@@ -96,3 +97,13 @@ def test_a_rolled_back_order_launches_nothing(django_app: tuple[ExampleRun, str]
     )
     assert httpx.get(f"{base}/threads/{thread_id}/", timeout=30).status_code == 404
     assert httpx.get(f"{base}/orders/{placed['order'] - 1}/", timeout=30).status_code == 404
+
+
+def test_the_chat_page_streams_an_answer_and_resumes_it_after_a_reload(
+    django_app: tuple[ExampleRun, str],
+) -> None:
+    _, base = django_app
+
+    run = chat_and_reload(base, "What teapot should I buy?")
+
+    assert_resumed(run)

@@ -11,6 +11,7 @@ import httpx
 import pytest
 import redis
 from conftest import REDIS_URL, wait_until
+from example_chat import assert_resumed, chat_and_reload
 from example_support import ExampleRun, empty_database, example_run, free_port
 
 pytest.importorskip("flask_sqlalchemy")
@@ -77,3 +78,13 @@ def test_a_rolled_back_order_has_no_thread_and_runs_no_agent(
         check=run.check_alive,
     )
     assert httpx.get(f"{base}/threads/{thread_id}/", timeout=30).status_code == 404
+
+
+def test_the_chat_page_streams_an_answer_and_resumes_it_after_a_reload(
+    flask_app: tuple[ExampleRun, str],
+) -> None:
+    _, base = flask_app
+
+    run = chat_and_reload(base, "What teapot should I buy?")
+
+    assert_resumed(run)

@@ -117,10 +117,23 @@ class MemoryStore(MemoryClosing, MemoryRetention):
         with self._lock:
             return stored.info_of(self._get(thread_id))
 
-    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+    def threads(
+        self,
+        status: ThreadStatus | None = None,
+        limit: int = 100,
+        *,
+        agent: str | None = None,
+        before: tuple[datetime, str] | None = None,
+    ) -> list[ThreadInfo]:
         with self._lock:
             infos = [stored.info_of(t) for t in self._threads.values()]
-        infos = [i for i in infos if status is None or i.status is status]
+        infos = [
+            i
+            for i in infos
+            if (status is None or i.status is status)
+            and (agent is None or i.agent == agent)
+            and (before is None or (i.created_at, i.id) < before)
+        ]
         infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
         return infos[:limit]
 

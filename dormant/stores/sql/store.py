@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, Engine, case, literal_column, select, update
+from sqlalchemy import Connection, Engine, case, literal_column, select, tuple_, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -204,11 +204,24 @@ class SQLStore(SQLRetention, SQLClaims):
             return rows.get_thread(conn, thread_id)
 
     @retry_busy
-    def threads(self, status: ThreadStatus | None = None, limit: int = 100) -> list[ThreadInfo]:
+    def threads(
+        self,
+        status: ThreadStatus | None = None,
+        limit: int = 100,
+        *,
+        agent: str | None = None,
+        before: tuple[datetime, str] | None = None,
+    ) -> list[ThreadInfo]:
         threads = self._schema.threads
         query = select(threads).order_by(threads.c.created_at.desc(), threads.c.id.desc())
         if status is not None:
             query = query.where(threads.c.status == status.value)
+        if agent is not None:
+            query = query.where(threads.c.agent == agent)
+        if before is not None:
+            created_at, thread_id = before
+            key = tuple_(threads.c.created_at, threads.c.id)
+            query = query.where(key < tuple_(as_utc(created_at), thread_id))
         with self._tx() as conn:
             return [thread_info(r) for r in conn.execute(query.limit(limit)).mappings()]
 

@@ -266,6 +266,7 @@ def schema(prefix: str = "") -> Schema:
             ThreadColumns,
             "threads",
             Index(None, "created_at", "id"),
+            Index(None, "status", "created_at", "id"),  # one status, newest first
             Index(None, "root_id"),
             partial("threads_closed", "updated_at", where="status = 'closed'"),
             partial("threads_idle", "agent", "updated_at", where="status = 'idle'"),

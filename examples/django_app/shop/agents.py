@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 from dormant import Agent, tool
 from dormant.messages import Item, ToolResult, UserText
-from dormant.models import Completion, ScriptedModel, call, reply
+from dormant.models import Completion, ScriptedModel, SimulatedModel, call, reply
 from shop.models import Order
 
 
@@ -28,4 +28,7 @@ def _script(history: Sequence[Item]) -> Completion:
 
 
 support = Agent("support", model=ScriptedModel(_script), tools=[order_status])
-AGENTS = [support]
+# The chat page's agent: a simulated model that writes a few hundred characters slowly, so
+# the page shows the answer streaming (swap in OpenAIModel("gpt-4.1-mini") for a real one).
+chat = Agent("chat", model=SimulatedModel(completion_chars=480, chunk_chars=6, chunk_delay_s=0.08))
+AGENTS = [support, chat]

@@ -23,9 +23,11 @@ def create_app() -> Flask:
     celery_app = celery_init_app(app)
     dormant.init_app(app, celery_app=celery_app, db=db, agents="shop.agents")
 
+    from shop.chat import bp as chat
     from shop.views import bp
 
     app.register_blueprint(bp)
+    app.register_blueprint(chat)
 
     @app.cli.command("init-db")
     def init_db() -> None:

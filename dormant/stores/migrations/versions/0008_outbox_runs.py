@@ -5,8 +5,8 @@ each time its claim lapsed, for ever, and no stored row showed it. ``runs`` coun
 claims taken on a row; the run that finds ``tool_max_runs`` earlier runs died answers the
 call with an error instead of starting the tool again.
 
-Revision ID: 0009
-Revises: 0006
+Revision ID: 0008
+Revises: 0007
 Create Date: 2026-12-01
 """
 
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import context, op
 
-revision: str = "0009"
-down_revision: str | Sequence[str] | None = "0006"
+revision: str = "0008"
+down_revision: str | Sequence[str] | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

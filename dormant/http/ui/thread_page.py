@@ -1,0 +1,248 @@
+"""A thread's page: its state, what it waits for and since when, its children as a tree,
+its timeline, and the live text of the turn being streamed."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from datetime import datetime
+
+from dormant.base_client import BaseClient
+from dormant.errors import UnknownThread
+from dormant.http.ui.html import ago, badge, esc, href, json_block, short
+from dormant.messages import (
+    AssistantTurn,
+    ChildReport,
+    EventMessage,
+    EventShown,
+    ParentMessage,
+    Summary,
+    ToolCall,
+    ToolResult,
+    ToolResultMessage,
+    UserMessage,
+    UserText,
+)
+from dormant.ops.inspect import thread_record
+from dormant.runtime.history import pending
+from dormant.stores.base import (
+    CallRecord,
+    InboxRow,
+    InboxState,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+)
+
+__all__ = ["MAX_TREE_NODES", "thread_body"]
+
+MAX_TREE_NODES = 200
+"""A tree larger than this is cut (each child's page shows its own subtree)."""
+
+
+def thread_body(
+    client: BaseClient,
+    info: ThreadInfo,
+    *,
+    root: str,
+    now: datetime,
+    full: bool,
+    actions: str,
+    stream_url: str | None,
+) -> str:
+    """Everything below the top bar; ``actions`` is the rendered action forms (or "")."""
+    store = client.store
+    record = thread_record(store, info)
+    snap = store.load(info.id)
+    calls = snap.calls
+    items = client.stored_history(info.id, full=full)
+    last_seq = max((s.seq for s in items), default=0)
+    timeline = "".join(_item(s, info, calls) for s in items)
+    timeline += "".join(_queued(row) for row in snap.inbox)
+    view = (
+        f'<a href="{href(root, "thread", id=info.id)}">model view</a> · <b>full transcript</b>'
+        if full
+        else f'<b>model view</b> · <a href="{href(root, "thread", id=info.id, full="1")}">'
+        "full transcript</a>"
+    )
+    live = (
+        f'<div id="live" class="live" data-stream="{esc(stream_url)}" data-last-seq="{last_seq}">'
+        '<div class="bubble assistant streaming" hidden><span class="who">assistant'
+        ' <em>streaming…</em></span><div class="text"></div></div>'
+        '<p class="stream-state muted"></p></div>'
+        if stream_url
+        else ""
+    )
+    return f"""
+<section class="head">
+  <h1 class="mono">{esc(info.id)}</h1>
+  <div class="facts">{badge(info.status.value)} <span>agent <b>{esc(info.agent)}</b></span>
+  <span>created {ago(info.created_at, now)}</span> <span>updated {ago(info.updated_at, now)}</span>
+  <span>version {info.version}</span></div>
+  {_problems(info)}
+  {actions}
+</section>
+<div class="columns">
+<section class="timeline" aria-label="timeline">
+  <h2>Timeline <small>{view}</small></h2>
+  <ol class="items" id="items">{timeline or '<li class="empty">No items yet.</li>'}</ol>
+  {live}
+</section>
+<aside class="side">
+  {_waiting(record, calls, info, now)}
+  {_usage(info)}
+  {_tree(client, info, root)}
+  {_metadata(info)}
+</aside>
+</div>
+"""
+
+
+def _problems(info: ThreadInfo) -> str:
+    parts = []
+    if info.last_error:
+        failures = f"{info.failures} failure{'s' if info.failures != 1 else ''}"
+        parts.append(f'<div class="alert"><b>{failures}</b><pre>{esc(info.last_error)}</pre></div>')
+    if info.closed_reason:
+        parts.append(f'<p class="muted">closed: {esc(info.closed_reason)}</p>')
+    return "".join(parts)
+
+
+def _waiting(
+    record: dict[str, object], calls: dict[str, CallRecord], info: ThreadInfo, now: datetime
+) -> str:
+    rows = []
+    if info.status is not ThreadStatus.CLOSED:
+        for call in pending(calls):
+            since = ago(info.updated_at, now)
+            rows.append(
+                f'<li class="wait"><b>{esc(call.name)}</b> <code>{esc(call.call_id)}</code>'
+                f'<br><span class="muted">{esc(short(_args(call.args), 80))}</span>'
+                f'<br><span class="muted">waiting, unchanged since {since}</span></li>'
+            )
+    for name in record["subscribed_to"]:  # type: ignore[attr-defined]
+        rows.append(f'<li class="sub">subscribed to <b>{esc(name)}</b></li>')
+    inbox_pending, inbox_deferred = record["inbox_pending"], record["inbox_deferred"]
+    if inbox_pending or inbox_deferred:
+        rows.append(f"<li>inbox: {inbox_pending} pending, {inbox_deferred} deferred</li>")
+    for message_id in record["quarantined"]:  # type: ignore[attr-defined]
+        rows.append(f'<li class="bad">quarantined message <code>{esc(message_id)}</code></li>')
+    body = "".join(rows) or '<li class="muted">nothing: no call pending, inbox empty</li>'
+    return f'<section class="card"><h3>Waiting for</h3><ul class="plain">{body}</ul></section>'
+
+
+def _usage(info: ThreadInfo) -> str:
+    usage = info.usage
+    if not usage.total_tokens:
+        return ""
+    return (
+        '<section class="card"><h3>Usage <small>last completion</small></h3><dl class="usage">'
+        f"<dt>input</dt><dd>{usage.input_tokens:,}</dd>"
+        f"<dt>output</dt><dd>{usage.output_tokens:,}</dd>"
+        f"<dt>cached</dt><dd>{usage.cached_tokens:,}</dd></dl></section>"
+    )
+
+
+def _tree(client: BaseClient, info: ThreadInfo, root: str) -> str:
+    """The thread's family: its root's tree, this thread marked (cut at MAX_TREE_NODES)."""
+    store = client.store
+    top = info
+    if info.root_id and info.root_id != info.id:
+        with contextlib.suppress(UnknownThread):  # a root pruned before its children
+            top = store.thread(info.root_id)
+    budget = [MAX_TREE_NODES]
+
+    def node(t: ThreadInfo) -> str:
+        budget[0] -= 1
+        me = " me" if t.id == info.id else ""
+        label = (
+            f'<a class="mono{me}" href="{href(root, "thread", id=t.id)}">{esc(t.id)}</a> '
+            f"{badge(t.status.value)} <span class='muted'>{esc(t.agent)}</span>"
+        )
+        kids = store.children(t.id) if budget[0] > 0 else []
+        inner = "".join(node(k) for k in kids if budget[0] > 0)
+        return f"<li>{label}{f'<ul>{inner}</ul>' if inner else ''}</li>"
+
+    tree = node(top)
+    if top.id == info.id and not store.children(info.id):
+        return ""
+    cut = '<p class="muted">(cut: open a child for its subtree)</p>' if budget[0] <= 0 else ""
+    return f'<section class="card"><h3>Threads</h3><ul class="tree">{tree}</ul>{cut}</section>'
+
+
+def _metadata(info: ThreadInfo) -> str:
+    if not info.metadata:
+        return ""
+    return f'<section class="card"><h3>Metadata</h3>{json_block(info.metadata)}</section>'
+
+
+def _args(args: dict[str, object]) -> str:
+    return ", ".join(f"{k}={json.dumps(v, ensure_ascii=False)}" for k, v in args.items())
+
+
+def _call(call: ToolCall, calls: dict[str, CallRecord]) -> str:
+    record = calls.get(call.call_id)
+    state = record.state.value if record else "unknown"
+    return (
+        f'<li class="call c-{esc(state)}" data-call="{esc(call.call_id)}">'
+        f'<span class="fn">{esc(call.name)}</span>'
+        f'(<span class="args">{esc(short(_args(call.args), 160))}</span>) '
+        f'<span class="state">{esc(state)}</span> <code>{esc(call.call_id)}</code></li>'
+    )
+
+
+def _queued(row: InboxRow) -> str:
+    """A message in the inbox, not yet applied: it joins the history with the next commit."""
+    state = "deferred" if row.state is InboxState.DEFERRED else "queued"
+    match row.message:
+        case UserMessage(text=text):
+            who, text, kind = "user", text, "user"
+        case ToolResultMessage(call_id=call_id, content=text):
+            who, kind = f"result for <code>{esc(call_id)}</code>", "tool_result"
+        case (
+            EventMessage(call_id=call_id, content=text)
+            | ChildReport(call_id=call_id, content=text)
+            | ParentMessage(call_id=call_id, content=text)
+        ):
+            who, kind = f"{esc(row.message.kind)} on <code>{esc(call_id)}</code>", "event"
+    return (
+        f'<li class="bubble {kind} queued" data-inbox="{row.id}">'
+        f'<span class="seq">{state}</span><span class="who">{who} <em>{state}</em></span>'
+        f'<div class="text">{esc(short(text, 2000))}</div></li>'
+    )
+
+
+def _item(stored: StoredItem, info: ThreadInfo, calls: dict[str, CallRecord]) -> str:
+    inherited = info.fork_seq is not None and stored.seq <= info.fork_seq
+    cls = " inherited" if inherited else ""
+    seq = f'<span class="seq">#{stored.seq}</span>'
+    match stored.item:
+        case UserText(text=text):
+            body = f'<span class="who">user</span><div class="text">{esc(text)}</div>'
+            kind = "user"
+        case AssistantTurn(text=text, calls=turn_calls):
+            listed = "".join(_call(c, calls) for c in turn_calls)
+            body = (
+                '<span class="who">assistant</span>'
+                + (f'<div class="text">{esc(text)}</div>' if text else "")
+                + (f'<ul class="calls">{listed}</ul>' if listed else "")
+            )
+            kind = "assistant"
+        case ToolResult(name=name, content=content, is_error=is_error, call_id=call_id):
+            kind = "tool_result error" if is_error else "tool_result"
+            body = (
+                f'<span class="who">result of <b>{esc(name)}</b> <code>{esc(call_id)}</code>'
+                f'</span><div class="text">{esc(content)}</div>'
+            )
+        case EventShown(original_name=name, original_call_id=call_id, content=content):
+            kind = "event"
+            body = (
+                f'<span class="who">event on <b>{esc(name)}</b> <code>{esc(call_id)}</code>'
+                f'</span><div class="text">{esc(content)}</div>'
+            )
+        case Summary(text=text, upto_seq=upto):
+            kind = "summary"
+            body = (
+                f'<span class="who">summary up to #{upto}</span><div class="text">{esc(text)}</div>'
+            )
+    return f'<li class="bubble {kind}{cls}" data-seq="{stored.seq}">{seq}{body}</li>'

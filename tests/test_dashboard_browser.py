@@ -1,0 +1,267 @@
+"""The dashboard in headless Chromium: pages load, filters work, actions run, a live answer
+appears token by token.
+
+The app is ``dormant serve``'s (``asgi_app`` with the dashboard) under uvicorn on a loopback
+port, over a ``LocalSystem`` whose agents run in this process; the thread stream's SSE route
+is ``dormant serve``'s own, opened with the page's signed ``client.stream_url``. A slow
+simulated model streams the answer the live test watches.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from dormant import Agent, LocalSystem
+from dormant.errors import ModelFatal, ModelRetryable
+from dormant.http.serve import asgi_app
+from dormant.http.ui.dashboard import Dashboard
+from dormant.http.ui.guard import TokenGate
+from dormant.http.ui.setup import client_stream_url
+from dormant.http.webhooks import WebhookReceiver
+from dormant.messages import Item, UserText
+from dormant.models import ScriptedModel, SimulatedModel, reply
+from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.settings import Settings
+from dormant.stores.base import ThreadStatus
+from tests.browser import chromium, growing_lengths, serving
+
+pytestmark = pytest.mark.timeout(180)
+
+UI = "/dormant/ui/"
+
+
+PROVIDER = {"down": True}
+"""Whether the echo model refuses text that starts with "fail" (a retry after a fix)."""
+
+
+def answer(items: Sequence[Item]) -> Completion:
+    last = items[-1]
+    if isinstance(last, UserText) and last.text.startswith("fail") and PROVIDER["down"]:
+        raise ModelFatal("provider answered 401: invalid key")
+    return reply("echo: " + (last.text if isinstance(last, UserText) else "?"))
+
+
+SLOW = SimulatedModel(completion_chars=240, chunk_chars=6, chunk_delay_s=0.08)
+
+
+class DropsItsFirstStream:
+    """Streams "LOST " words, then fails (a dropped stream); the retry streams the answer."""
+
+    name = "drops-first"
+    context_window = 100_000
+
+    def __init__(self) -> None:
+        self.attempts = 0
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        self.attempts += 1
+        if self.attempts == 1:
+            for _ in range(12):
+                on_chunk("LOST ")
+                time.sleep(0.08)  # a slow provider, not a wait for work
+            raise ModelRetryable("stream dropped")
+        for word in ["kept ", "answer ", "only"]:
+            on_chunk(word)
+            time.sleep(0.08)
+        return reply("kept answer only")
+
+
+AGENTS = [
+    Agent("echo", model=ScriptedModel(answer)),
+    Agent("writer", model=SLOW),
+    Agent("flaky", model=DropsItsFirstStream()),
+]
+
+
+@pytest.fixture
+def system() -> Iterator[LocalSystem]:
+    settings = Settings(chunk_flush_s=0.0)
+    with LocalSystem(AGENTS, "memory://", settings=settings) as system:
+        yield system
+
+
+@pytest.fixture
+def browser() -> Iterator[Any]:
+    with chromium() as browser:
+        yield browser
+
+
+def app_of(system: LocalSystem, **dashboard: Any) -> Any:
+    """``dormant serve``'s app: the dashboard, and the thread stream's SSE route it reads
+    with the signed URLs of ``client.stream_url``."""
+    dashboard.setdefault("stream_url", client_stream_url(system))
+    board = Dashboard(system, **dashboard)
+    return asgi_app(system, WebhookReceiver(system, []), board)
+
+
+def rows(page: Any) -> list[str]:
+    return page.eval_on_selector_all("tr[data-thread]", "rs => rs.map(r => r.dataset.thread)")
+
+
+def watch_errors(page: Any) -> list[str]:
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    return errors
+
+
+def test_the_list_loads_and_its_filters_work(system: LocalSystem, browser: Any) -> None:
+    PROVIDER["down"] = True
+    ok = system.launch("echo", "hello", thread_id="thr_ok")
+    bad = system.launch("echo", "fail now", thread_id="thr_bad")
+    other = system.launch("writer", "a short note", thread_id="thr_writer")
+    system.run_until_idle(raise_on_failure=False)
+
+    with serving(app_of(system)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        page.goto(base + UI)
+        everything = rows(page)
+        page.click("a.chip.c-stalled")
+        page.wait_for_url("**status=stalled**")
+        stalled = rows(page)
+        page.click("a.chip.c-all")
+        page.fill("input[name=agent]", "writer")
+        page.click(".agent-filter button")
+        page.wait_for_url("**agent=writer**")
+        writers = rows(page)
+        page.click(f"a[href$='thread?id={other}']")
+        page.wait_for_selector("ol.items li.bubble.assistant")
+        title = page.inner_text("h1")
+
+        page.close()  # ends its event stream before the server stops
+    assert sorted(everything) == sorted([ok, bad, other])
+    assert stalled == [bad]
+    assert writers == [other]
+    assert title == other
+    assert errors == []
+
+
+def test_retry_and_close_from_the_thread_page(system: LocalSystem, browser: Any) -> None:
+    PROVIDER["down"] = True
+    bad = system.launch("echo", "fail now", thread_id="thr_bad")
+    system.run_until_idle(raise_on_failure=False)
+    PROVIDER["down"] = False  # the operator fixed the key: a retry now succeeds
+
+    with serving(app_of(system, actions=True)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        page.goto(f"{base}{UI}thread?id={bad}")
+        before = page.get_attribute(".head .badge", "data-status")
+        page.click("button.retry")
+        page.wait_for_selector(".head .badge:not([data-status=stalled])")
+        system.run_until_idle(raise_on_failure=False)
+        page.on("dialog", lambda dialog: dialog.accept())
+        page.fill("form[action$='thread/close'] input[name=reason]", "checked by hand")
+        page.click("button.close")
+        page.wait_for_selector(".head .badge[data-status=closed]")
+
+        page.close()  # ends its event stream before the server stops
+    assert before == "stalled"
+    assert (system.thread(bad).status, system.thread(bad).closed_reason) == (
+        ThreadStatus.CLOSED,
+        "checked by hand",
+    )
+    assert errors == []
+
+
+def test_a_live_answer_appears_token_by_token(system: LocalSystem, browser: Any) -> None:
+    thread_id = system.launch("echo", "hello", thread_id="thr_live")
+    system.run_until_idle()
+    with serving(app_of(system)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        page.goto(f"{base}{UI}thread?id={thread_id}")
+        page.wait_for_function("document.querySelector('.stream-state').textContent === 'live'")
+
+        writer = system.launch("writer", "draft the notes", thread_id="thr_live_writer")
+        page.goto(f"{base}{UI}thread?id={writer}")
+        lengths = growing_lengths(page, wanted=4)
+        page.wait_for_selector("ol.items li.bubble.assistant[data-seq='2']", timeout=30_000)
+        streaming_hidden = page.is_hidden(".bubble.streaming")
+        final = page.inner_text("ol.items li.bubble.assistant[data-seq='2'] .text")
+        system.run_until_idle()
+
+        page.close()  # ends its event stream before the server stops
+    stored = system.history(writer)[-1]
+    assert lengths == sorted(lengths) and len(set(lengths)) == 4
+    assert lengths[-1] < len(final)
+    assert streaming_hidden
+    assert final == stored.text  # type: ignore[union-attr]
+    assert errors == []
+
+
+def test_a_token_guards_the_dashboard_and_a_login_opens_it(
+    system: LocalSystem, browser: Any
+) -> None:
+    thread_id = system.launch("echo", "hello", thread_id="thr_ok")
+    system.run_until_idle()
+
+    with serving(app_of(system, gate=TokenGate("s3cret"))) as base:
+        page = browser.new_page()
+        page.goto(base + UI)
+        at_login = page.url
+        page.fill("input[name=token]", "wrong")
+        page.click("button[type=submit]")
+        refused = page.inner_text(".alert")
+        page.fill("input[name=token]", "s3cret")
+        page.click("button[type=submit]")
+        page.wait_for_selector("tr[data-thread]")
+        listed = rows(page)
+
+        page.close()  # ends its event stream before the server stops
+    assert at_login == f"{base}{UI}login"
+    assert "not the dashboard token" in refused
+    assert listed == [thread_id]
+
+
+def test_a_thread_page_reloaded_mid_answer_picks_the_answer_up_again(
+    system: LocalSystem, browser: Any
+) -> None:
+    with serving(app_of(system)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        writer = system.launch("writer", "draft the notes", thread_id="thr_reload")
+        page.goto(f"{base}{UI}thread?id={writer}")
+        before = growing_lengths(page, wanted=3)[-1]
+        page.reload(wait_until="domcontentloaded")
+        after = growing_lengths(page, wanted=1, start=before - 1)[-1]
+        page.wait_for_selector("ol.items li.bubble.assistant[data-seq='2']", timeout=30_000)
+        answers = page.eval_on_selector_all(
+            "ol.items li.bubble.assistant .text", "els => els.map(e => e.textContent)"
+        )
+        page.close()
+        system.run_until_idle()
+
+    assert after >= before  # the stream gave the partial answer back, then went on
+    assert answers == [system.history(writer)[-1].text]  # type: ignore[union-attr]
+    assert errors == []
+
+
+def test_a_retried_turn_drops_its_partial_text_from_the_page(
+    system: LocalSystem, browser: Any
+) -> None:
+    with serving(app_of(system)) as base:
+        page = browser.new_page()
+        errors = watch_errors(page)
+        thread_id = system.launch("flaky", "say something", thread_id="thr_flaky")
+        page.goto(f"{base}{UI}thread?id={thread_id}")
+        page.wait_for_function(
+            "(document.querySelector('.bubble.streaming .text') || {}).textContent"
+            "?.includes('LOST')"
+        )
+        page.wait_for_selector("ol.items li.bubble.assistant[data-seq='2']", timeout=30_000)
+        shown = page.inner_text("ol.items")
+        streaming_hidden = page.is_hidden(".bubble.streaming")
+        page.close()
+        system.run_until_idle()
+
+    assert "turn retried" in shown
+    assert "LOST" not in shown
+    assert "kept answer only" in shown
+    assert streaming_hidden
+    assert errors == []
