@@ -9,7 +9,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from dormant import Agent, LocalSystem
+from dormant import Agent, Budget, LocalSystem
 from dormant.errors import ModelFatal
 from dormant.http.ui.dashboard import Dashboard, UIRequest, UIResponse
 from dormant.http.ui.guard import CSRF_COOKIE, SESSION_COOKIE, TokenGate
@@ -282,3 +282,16 @@ def test_dormant_serves_dashboard_takes_its_token_and_actions_from_the_environme
 
     assert board.gate is not None and board.gate.token == "t0ken" and board.actions
     assert default.gate is not None and default.gate.token == "" and not default.actions
+
+
+def test_a_thread_page_shows_what_it_spent_and_its_trees_budget(system: LocalSystem) -> None:
+    thread_id = system.launch("echo", "hello", budget=Budget(max_tokens=1000))
+    system.run_until_idle()
+    system.send(thread_id, "again")
+    system.run_until_idle()
+    body = get(Dashboard(system), "thread", id=thread_id).body.decode()
+
+    usage = body[body.index("<h3>Usage</h3>") :]
+    assert "<dt>completions</dt><dd>2</dd>" in usage
+    assert "<dt>since user text</dt><dd>1 completions</dd>" in usage
+    assert "max_tokens 1000" in usage

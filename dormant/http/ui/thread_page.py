@@ -8,6 +8,7 @@ import json
 from datetime import datetime
 
 from dormant.base_client import BaseClient
+from dormant.budget import BUDGET_KEY
 from dormant.errors import UnknownThread
 from dormant.http.ui.html import ago, badge, esc, href, json_block, short
 from dormant.messages import (
@@ -24,6 +25,7 @@ from dormant.messages import (
     UserText,
 )
 from dormant.ops.inspect import thread_record
+from dormant.ops.usage import thread_usage
 from dormant.runtime.history import pending
 from dormant.stores.base import (
     CallRecord,
@@ -90,7 +92,7 @@ def thread_body(
 </section>
 <aside class="side">
   {_waiting(record, calls, info, now)}
-  {_usage(info)}
+  {_usage(client, info)}
   {_tree(client, info, root)}
   {_metadata(info)}
 </aside>
@@ -131,16 +133,29 @@ def _waiting(
     return f'<section class="card"><h3>Waiting for</h3><ul class="plain">{body}</ul></section>'
 
 
-def _usage(info: ThreadInfo) -> str:
-    usage = info.usage
-    if not usage.total_tokens:
+def _usage(client: BaseClient, info: ThreadInfo) -> str:
+    """The thread's own spend (its ledger), its completions since the last user message,
+    and on a root the tree's totals and the tree's own budget (``dormant show`` says the
+    same)."""
+    spend = thread_usage(client.store, info)
+    if not spend.completions and not info.usage.total_tokens:
         return ""
-    return (
-        '<section class="card"><h3>Usage <small>last completion</small></h3><dl class="usage">'
-        f"<dt>input</dt><dd>{usage.input_tokens:,}</dd>"
-        f"<dt>output</dt><dd>{usage.output_tokens:,}</dd>"
-        f"<dt>cached</dt><dd>{usage.cached_tokens:,}</dd></dl></section>"
-    )
+    rows = [
+        ("completions", f"{spend.completions:,}"),
+        ("tokens in", f"{spend.input_tokens:,}"),
+        ("tokens out", f"{spend.output_tokens:,}"),
+        ("cached", f"{spend.cached_tokens:,}"),
+        ("cost", f"{spend.cost:.4f}"),
+        ("since user text", f"{info.message_completions:,} completions"),
+    ]
+    if info.parent_id is None:
+        rows.append(("tree tokens", f"{info.tree_tokens:,}"))
+        rows.append(("tree cost", f"{info.tree_cost:.4f}"))
+        own = info.metadata.get(BUDGET_KEY)
+        limits = ", ".join(f"{k} {v}" for k, v in own.items()) if own else "the agent's"
+        rows.append(("budget", limits))
+    body = "".join(f"<dt>{esc(k)}</dt><dd>{esc(v)}</dd>" for k, v in rows)
+    return f'<section class="card"><h3>Usage</h3><dl class="usage">{body}</dl></section>'
 
 
 def _tree(client: BaseClient, info: ThreadInfo, root: str) -> str:
