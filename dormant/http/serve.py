@@ -18,11 +18,12 @@ import asyncio
 import io
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, unquote
 
 from dormant.base_client import BaseClient
+from dormant.http.asgi import ASGIApp, BodyTooLarge, Receive, Scope, Send, read_body
 from dormant.http.callbacks import callback_app
 from dormant.http.stream import THREADS_PREFIX, serve_stream
 from dormant.http.ui.asgi import UI_PREFIX, serve_ui
@@ -34,15 +35,7 @@ __all__ = ["CALLBACKS_PREFIX", "WEBHOOKS_PREFIX", "asgi_app"]
 CALLBACKS_PREFIX = "/dormant/callbacks/"
 WEBHOOKS_PREFIX = "/dormant/webhooks/"
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 log = logging.getLogger("dormant.serve")
-
-
-class _TooLarge(Exception):
-    pass
 
 
 def asgi_app(
@@ -86,8 +79,8 @@ def asgi_app(
         if method != "POST":
             return WebhookReply(405, {"error": "POST only"})
         try:
-            body = await _body(receive, limit_bytes)
-        except _TooLarge:
+            body = await read_body(receive, limit_bytes)
+        except BodyTooLarge:
             return WebhookReply(413, {"error": f"body is over the limit of {limit_bytes} bytes"})
         raw_path = _encoded_path(scope)
         query = scope.get("query_string", b"").decode("latin-1")
@@ -149,23 +142,6 @@ def _wsgi(
 
     data = b"".join(app(environ, start_response))
     return WebhookReply(int(started[0].split()[0]), json.loads(data))
-
-
-async def _body(receive: Receive, limit_bytes: int) -> bytes:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > limit_bytes:
-            raise _TooLarge
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
 
 
 async def _send(send: Send, reply: WebhookReply) -> None:

@@ -22,10 +22,7 @@ import logging
 import time
 from collections.abc import (
     AsyncGenerator,
-    Awaitable,
-    Callable,
     Iterator,
-    MutableMapping,
 )
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +30,7 @@ from urllib.parse import parse_qs, unquote
 
 from dormant.base_client import BaseClient
 from dormant.errors import InvalidStreamId, InvalidToken, UnknownThread
+from dormant.http.asgi import Receive, Scope, Send
 from dormant.http.tokens import stream_keys, verify
 from dormant.runtime.stream import StreamReader
 from dormant.streams import StreamEvent
@@ -57,9 +55,6 @@ SSE_HEADERS = [
 ]
 _PING = b": ping\n\n"
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 log = logging.getLogger("dormant.serve")
 
 

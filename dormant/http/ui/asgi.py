@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
 from http.cookies import CookieError, SimpleCookie
-from typing import Any
 from urllib.parse import parse_qsl
 
+from dormant.http.asgi import BodyTooLarge, Receive, Scope, Send, read_body
 from dormant.http.ui.dashboard import Dashboard, UIRequest, UIResponse
 
 __all__ = ["UI_PREFIX", "serve_ui"]
@@ -18,10 +17,6 @@ log = logging.getLogger("dormant.serve")
 UI_PREFIX = "/dormant/ui/"
 _FORM_LIMIT_BYTES = 64 * 1024
 
-Scope = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
 
 async def serve_ui(dashboard: Dashboard, scope: Scope, receive: Receive, send: Send) -> None:
     """Answer one HTTP request under ``UI_PREFIX`` (or the prefix without its slash)."""
@@ -30,8 +25,9 @@ async def serve_ui(dashboard: Dashboard, scope: Scope, receive: Receive, send: S
         await _respond(send, UIResponse(308, b"", headers=(("location", UI_PREFIX),)))
         return
     headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-    body = await _body(receive) if scope["method"] == "POST" else b""
-    if body is None:
+    try:
+        body = await read_body(receive, _FORM_LIMIT_BYTES) if scope["method"] == "POST" else b""
+    except BodyTooLarge:
         await _respond(send, UIResponse(413, b"form too large", "text/plain"))
         return
     form = dict(parse_qsl(body.decode("utf-8", "replace"))) if body else {}
@@ -62,23 +58,6 @@ def _cookies(raw: str) -> dict[str, str]:
     except CookieError:
         return {}
     return {name: morsel.value for name, morsel in jar.items()}
-
-
-async def _body(receive: Receive) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-        chunk: bytes = message.get("body", b"")
-        size += len(chunk)
-        if size > _FORM_LIMIT_BYTES:
-            return None
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
 
 
 async def _respond(send: Send, response: UIResponse) -> None:
