@@ -38,17 +38,7 @@ from dormant.messages import Item  # noqa: E402
 from dormant.models import ScriptedModel, SimulatedModel  # noqa: E402
 from dormant.models.base import Completion  # noqa: E402
 from examples.family import AGENT as RELEASE  # noqa: E402
-
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from tests.browser import CHROMIUM, CHROMIUM_ARGS  # noqa: E402  (the tests' own flags)
 
 
 def _refused(items: Sequence[Item]) -> Completion:
