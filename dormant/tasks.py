@@ -276,6 +276,10 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                 raise SliceFailed(thread_id, note, stalled=False)
             case Failed(error=error):
                 raise SliceFailed(thread_id, error, stalled=False)
+            case Deferred(not_before=not_before):
+                countdown_s = (not_before - datetime.now(UTC)).total_seconds()
+                if countdown_s <= RETRY_COUNTDOWN_MAX_S:  # asks again at its place, on time
+                    raise self.retry(countdown=max(0.0, countdown_s))
             case Stalled(error=error):
                 raise SliceFailed(thread_id, error, stalled=True)
         return outcome_text(outcome)
