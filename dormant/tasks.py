@@ -225,9 +225,12 @@ def _die(point: str) -> NoReturn:
 
 
 RETRY_COUNTDOWN_MAX_S = 60.0
-"""A failed slice whose backoff ends within this long is retried by Celery (RETRY in
-Flower); a longer backoff is left to the sweeper, which wakes the thread once its
-``retry_at`` passes, so no task waits long in a worker's memory as an ETA."""
+"""A failed slice whose backoff ends within this long, or a slice deferred for model
+capacity (``Deferred``) whose place comes within it, is retried by Celery at that time
+(RETRY in Flower): a deferred thread asks again on time, not at the sweep after its place,
+which would bring a sweep interval's places to the provider at once. A longer wait is left
+to the sweeper, which wakes the thread once its ``retry_at`` passes, so no task waits long
+in a worker's memory as an ETA."""
 
 
 def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
