@@ -380,7 +380,7 @@ def test_a_deferred_burst_runs_at_the_configured_rate(store: Store, sweep_s: flo
     ``sweep_s``), against a provider that says "none remaining" after every call (its
     bucket holds one second's worth). They finish in about N / rate, not several times
     that: an answer's stale headers do not hold the bucket down, and a thread woken at or
-    after its place is admitted on it instead of joining the back of the queue."""
+    after its place keeps it instead of joining the back of the queue."""
     said = ProviderLimits(requests_remaining=0, requests_reset_s=1.0, tokens_remaining=0)
     model = ScriptedModel(lambda items: replace(reply("done"), limits=said))
     h = Harness(Agent("a", model=model), store=store)

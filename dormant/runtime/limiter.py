@@ -11,10 +11,11 @@ unused, so user text is admitted at once during a burst. A refused background as
 a place in its flow's queue (its agent, or its tenant): each flow's refusals are spaced by
 the bucket's rate times the number of flows waiting, divided by the flow's weight, so
 capacity coming back is shared between agents instead of going to whichever launched the
-most threads. A place is a reservation: the holder (its thread) asking again at or after
-its place is admitted whatever the bucket's level (only a provider's block or a full set of
-slots keeps it waiting, still in its place), so a thread woken on time is never sent to the
-back of the queue, and the places, spaced at the bucket's rate, are its throughput. Token
+most threads. A place is kept: the holder (its thread) asking again at or after its place
+is next in line, before every later place and every background ask without one, and when
+the bucket cannot pay for it and the places ahead of it yet (each call must still leave the
+reserve), it keeps its place and is told when the bucket will have capacity for it, so a
+thread woken on time is never sent to the back of the queue. Token
 places are spaced by the tokens calls have been using (a running mean of the completions'
 usage), not by the upper-bound estimate each call is admitted with. User text gets no place
 in a queue: refused (its reserve spent), it waits only until the bucket can take it, ahead
@@ -151,14 +152,16 @@ class MemoryLimiter:
         with self._lock:
             now = self._clock()
             state = self._refilled(bucket, limit, now)
-            background = ask.holder and not ask.interactive
-            place = state.places.pop(ask.holder, None) if background else None
+            background = bool(ask.holder) and not ask.interactive
+            place = state.places.get(ask.holder) if background else None
             if place is not None and place - now > PLACE_EARLY_S:  # early: keep the place
-                state.places[ask.holder] = place
                 self._counters["refused"] += 1
                 return place - now
-            wait_s = _wait_s(state, limit, ask, now, placed=place is not None)
+            before = now + PLACE_EARLY_S if place is None else place
+            ahead = 0 if ask.interactive else sum(p < before for p in state.places.values())
+            wait_s = _wait_s(state, limit, ask, now, ahead)
             if wait_s <= 0:
+                state.places.pop(ask.holder, None)
                 if limit.rpm:
                     state.requests -= 1
                 if limit.tpm:
@@ -167,9 +170,7 @@ class MemoryLimiter:
                     state.slots[ask.slot] = now + ask.slot_ttl_s
                 self._counters["admitted"] += 1
                 return 0.0
-            if place is not None:  # blocked or no slot: still first, in its place
-                state.places[ask.holder] = now + wait_s
-            elif not ask.interactive:
+            if place is None and not ask.interactive:
                 wait_s = _queued_wait_s(state, limit, ask, now, wait_s)
                 if background:
                     state.places[ask.holder] = now + wait_s
@@ -242,17 +243,18 @@ class MemoryLimiter:
         return state
 
 
-def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, placed: bool) -> float:
-    """0 if every limit admits ``ask`` now, else the longest of their waits. An ask on its
-    place (``placed``) was paced when it got it: only a block or the slots can hold it."""
+def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, ahead: int) -> float:
+    """0 if every limit admits ``ask`` now, after the ``ahead`` places due before it, else
+    the longest of their waits."""
     share = 0.0 if ask.interactive else limit.reserve
     wait_s = max(0.0, state.blocked_until_s - now)
-    if limit.rpm and not placed:
-        need = min(limit.rpm, 1 + math.ceil(limit.rpm * share))
+    if limit.rpm:
+        need = min(limit.rpm, 1 + math.ceil(limit.rpm * share) + ahead)
         if state.requests < need:
             wait_s = max(wait_s, (need - state.requests) * 60 / limit.rpm)
-    if limit.tpm and not placed:
-        need = min(limit.tpm, ask.tokens + limit.tpm * share)
+    if limit.tpm:
+        spaced = min(ask.tokens, state.used_tokens or ask.tokens)
+        need = min(limit.tpm, ask.tokens + limit.tpm * share + ahead * spaced)
         if state.tokens < need:
             wait_s = max(wait_s, (need - state.tokens) * 60 / limit.tpm)
     if limit.concurrency:

@@ -82,19 +82,28 @@ if place and place - now > early then  -- early: it keeps its place
 end
 local share = reserve
 if interactive then share = 0 end
+local spaced = tokens
+if used > 0 then spaced = math.min(tokens, used) end
+-- the places due before this ask (before its own place, or by now): it pays after them
+local ahead = 0
+if not interactive then
+  local before = now + early
+  if place then before = place end
+  ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.3f', before))
+end
 local wait = math.max(0, blocked - now)
-if rpm > 0 and not place then
-  local need = math.min(rpm, 1 + math.ceil(rpm * share))
+if rpm > 0 then
+  local need = math.min(rpm, 1 + math.ceil(rpm * share) + ahead)
   if r < need then wait = math.max(wait, (need - r) * 60000 / rpm) end
 end
-if tpm > 0 and not place then
-  local need = math.min(tpm, tokens + tpm * share)
+if tpm > 0 then
+  local need = math.min(tpm, tokens + tpm * share + ahead * spaced)
   if tk < need then wait = math.max(wait, (need - tk) * 60000 / tpm) end
 end
 if conc > 0 then
-  local kept = 0
-  if share > 0 then kept = math.min(conc - 1, math.max(1, math.floor(conc * share))) end
-  if redis.call('ZCARD', KEYS[2]) >= conc - kept then
+  local spare = 0
+  if share > 0 then spare = math.min(conc - 1, math.max(1, math.floor(conc * share))) end
+  if redis.call('ZCARD', KEYS[2]) >= conc - spare then
     local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
     wait = math.max(wait, math.min(poll, tonumber(first[2]) - now))
   end
@@ -106,23 +115,18 @@ if wait <= 0 then
     redis.call('ZADD', KEYS[2], now + ttl, slot)
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl + 60000))
   end
-  if place then redis.call('ZREM', KEYS[5], holder) end
+  if holder ~= '' then redis.call('ZREM', KEYS[5], holder) end
   save()
   redis.call('HINCRBY', KEYS[4], 'admitted', 1)
   return 0
 end
-if place then  -- blocked or no slot: still first, in its place
-  redis.call('ZADD', KEYS[5], now + wait, holder)
-  redis.call('PEXPIRE', KEYS[5], math.ceil(wait + kept + 60000))
-elseif not interactive then
+if not place and not interactive then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   local tail = redis.call('ZSCORE', KEYS[3], flow)
   local waiting = redis.call('ZCARD', KEYS[3])
   if tail then tail = tonumber(tail) else tail = 0; waiting = waiting + 1 end
   local spacing = 0
   if rpm > 0 then spacing = 60000 / rpm end
-  local spaced = tokens
-  if used > 0 then spaced = math.min(tokens, used) end
   if tpm > 0 then spacing = math.max(spacing, spaced * 60000 / tpm) end
   if spacing == 0 and conc > 0 then spacing = conc_spacing / conc end
   local start = math.max(now + wait, tail)
@@ -132,7 +136,8 @@ elseif not interactive then
   wait = start - now
   if holder ~= '' then  -- not interactive, here
     redis.call('ZADD', KEYS[5], start, holder)
-    redis.call('PEXPIRE', KEYS[5], math.ceil(wait + kept + 60000))
+    local ttl = math.ceil(wait + kept + 60000)
+    if redis.call('PTTL', KEYS[5]) < ttl then redis.call('PEXPIRE', KEYS[5], ttl) end
   end
 end
 save()
