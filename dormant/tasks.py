@@ -225,9 +225,12 @@ def _die(point: str) -> NoReturn:
 
 
 RETRY_COUNTDOWN_MAX_S = 60.0
-"""A failed slice whose backoff ends within this long is retried by Celery (RETRY in
-Flower); a longer backoff is left to the sweeper, which wakes the thread once its
-``retry_at`` passes, so no task waits long in a worker's memory as an ETA."""
+"""A failed slice whose backoff ends within this long, or a slice deferred for model
+capacity (``Deferred``) whose place comes within it, is retried by Celery at that time
+(RETRY in Flower): a deferred thread asks again on time, not at the sweep after its place,
+which would bring a sweep interval's places to the provider at once. A longer wait is left
+to the sweeper, which wakes the thread once its ``retry_at`` passes, so no task waits long
+in a worker's memory as an ETA."""
 
 
 def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
@@ -276,6 +279,10 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                 raise SliceFailed(thread_id, note, stalled=False)
             case Failed(error=error):
                 raise SliceFailed(thread_id, error, stalled=False)
+            case Deferred(not_before=not_before):
+                countdown_s = (not_before - datetime.now(UTC)).total_seconds()
+                if countdown_s <= RETRY_COUNTDOWN_MAX_S:  # asks again at its place, on time
+                    raise self.retry(countdown=max(0.0, countdown_s))
             case Stalled(error=error):
                 raise SliceFailed(thread_id, error, stalled=True)
         return outcome_text(outcome)

@@ -122,6 +122,16 @@ def test_refused_background_asks_queue_fairly_by_flow_and_weight() -> None:
     assert user == pytest.approx(1.0)  # user text waits only for the next request
 
 
+def test_token_places_are_spaced_by_the_tokens_calls_use() -> None:
+    limiter = MemoryLimiter(Clock())
+    limit = RateLimit(tpm=6000, reserve=0.0)  # 100 tokens a second
+    assert limiter.acquire("b", limit, _ask("all", tokens=6000, interactive=True)) == 0
+    limiter.release("b", limit, "all", used_tokens=100)  # the estimate is an upper bound
+    places = [limiter.acquire("b", limit, _ask(f"bg{n}", tokens=1000)) for n in range(3)]
+    # the first waits for its whole estimate; the next come a call's actual use apart
+    assert places == pytest.approx([10.0, 11.0, 12.0])
+
+
 def test_the_provider_drains_the_bucket_until_its_reset() -> None:
     clock = Clock()
     limiter = MemoryLimiter(clock)
@@ -361,6 +371,44 @@ def test_user_text_for_a_deferred_thread_does_not_wait_for_its_place(store: Stor
     # a thread backing off after a failure still waits: that backoff protects the provider
     store.record_failure(thread_id, "ModelRetryable: 500", 5, now + timedelta(hours=1))
     assert _sweep_at(store, h, now) == []
+
+
+@pytest.mark.parametrize("sweep_s", [0.0, 2.0])
+def test_a_deferred_burst_runs_at_the_configured_rate(store: Store, sweep_s: float) -> None:
+    """The burst of issue 23's bench: N background threads of one agent, refused at once,
+    each woken at its place (at once, or at the next of the sweeper's passes, every
+    ``sweep_s``), against a provider that says "none remaining" after every call (its
+    bucket holds one second's worth). They finish in about N / rate, not several times
+    that: an answer's stale headers do not hold the bucket down, and a thread woken at or
+    after its place keeps it instead of joining the back of the queue."""
+    said = ProviderLimits(requests_remaining=0, requests_reset_s=1.0, tokens_remaining=0)
+    model = ScriptedModel(lambda items: replace(reply("done"), limits=said))
+    h = Harness(Agent("a", model=model), store=store)
+    clock = Clock()
+    limit = RateLimit(rpm=60, tpm=60 * 2000, reserve=0.05)
+    limiter = _limited(h, limit, clock)
+    limiter.feedback("scripted", limit, ProviderLimits(retry_after_s=0.0))  # empty: a 429
+    threads = [_launch(h, f"event {n}", Priority.BACKGROUND) for n in range(30)]
+    started_s = clock.now_s
+    due = {thread_id: started_s for thread_id in threads}
+    asked: dict[str, int] = dict.fromkeys(threads, 0)
+    finished_s: list[float] = []
+    while due:
+        thread_id = min(due, key=lambda t: due[t])
+        clock.now_s = due.pop(thread_id)
+        asked[thread_id] += 1
+        outcome = h.step(thread_id)
+        if isinstance(outcome, Deferred):
+            wake_s = clock.now_s + outcome.wait_s
+            due[thread_id] = -(-wake_s // sweep_s) * sweep_s if sweep_s else wake_s
+        else:
+            assert isinstance(outcome, Idle)
+            finished_s.append(clock.now_s - started_s)
+    ideal_s = 30 / (limit.rpm or 1) * 60
+    reserve_s = 4.0  # background first leaves user text its reserve: 1 + 5 % of 60 requests
+    assert max(finished_s) <= ideal_s + reserve_s + sweep_s + 1
+    assert max(asked.values()) <= 2  # refused once, admitted at its place
+    assert len(model.requests) == 30
 
 
 def test_a_local_system_with_limits_finishes_every_thread() -> None:

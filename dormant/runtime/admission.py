@@ -5,10 +5,15 @@ a ``RateLimit`` (on the model, or ``Settings.rate_limits`` by model name or base
 asks the ``Limiter`` first; a refusal, or a 429 from the provider, raises ``Throttled``
 instead of sleeping in the worker slot: the slice ends without consuming anything, the
 thread's "not before" time is set (``defer``: the failure backoff's ``retry_at``, no failure
-counted) and the sweeper wakes it when capacity is back. The provider's ``Retry-After`` and
-rate-limit headers drain the shared bucket until their reset; the completion's usage
-corrects the token estimate. Other retryable failures (a 5xx, a dropped stream) are
-retried in the slot as before, each retry admitted again.
+counted) and it is woken at its place (a Celery worker retries the slice then, for a short
+wait; the sweeper otherwise). A 429's ``Retry-After`` and rate-limit headers drain the
+shared bucket until their reset; a completion's usage corrects the token estimate. A
+successful answer's ``remaining``/``reset`` headers are not fed back: they were read when
+its stream began, seconds stale by its end, and a provider that enforces its minute over a
+second says "none remaining" after nearly every call, which would hold the bucket far
+below the rate it was configured with while the provider answers every call. Other
+retryable failures (a 5xx, a dropped stream) are retried in the slot as before, each retry
+admitted again.
 
 A model without a limit keeps today's retry-with-sleep (``complete_with_retry``); its 429s
 (``rate_limited``) and the seconds slept (``asleep_s``) are counted, so a deployment sees
@@ -35,6 +40,7 @@ from dormant.settings import Settings
 from dormant.stores.base import Store
 
 __all__ = [
+    "PLACE_WAKE_EARLY_S",
     "Caller",
     "complete_admitted",
     "defer",
@@ -44,6 +50,12 @@ __all__ = [
 ]
 
 log = logging.getLogger("dormant.admission")
+
+PLACE_WAKE_EARLY_S = 30.0
+"""A deferral longer than twice this is stored this much earlier: the sweeper (whose wakes
+come a sweep interval late, in batches) then wakes the thread before its place, the limiter
+answers the rest of the wait, and the worker waits that as a short countdown, so the thread
+asks on time, one at a time, instead of with the sweep's batch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +125,13 @@ def complete_admitted(
     for attempt in range(1, settings.model_attempts + 1):
         slot = uuid.uuid4().hex
         ask = Ask(
-            estimate, slot, settings.lease_ttl_s, caller.interactive, caller.flow, caller.weight
+            estimate,
+            slot,
+            settings.lease_ttl_s,
+            caller.interactive,
+            caller.flow,
+            caller.weight,
+            holder=caller.thread_id,
         )
         wait_s = limiter.acquire(bucket, limit, ask)
         if wait_s > 0:
@@ -141,9 +159,7 @@ def complete_admitted(
             limiter.release(bucket, limit, slot)
             raise
         used = completion.usage.total_tokens
-        limiter.release(bucket, limit, slot, estimate - used if used else 0.0)
-        if completion.limits:
-            limiter.feedback(bucket, limit, completion.limits)
+        limiter.release(bucket, limit, slot, estimate - used if used else 0.0, used)
         return completion
     raise AssertionError("unreachable: model_attempts must be >= 1")
 
@@ -182,7 +198,8 @@ def defer(deps: SliceDeps, throttled: Throttled) -> Deferred:
     """End the slice for want of capacity: the thread's messages stay queued, and the
     sweeper leaves it alone until its "not before" time (no failure is counted)."""
     not_before = deps.clock() + timedelta(seconds=throttled.wait_s)
-    deps.store.defer(throttled.thread_id, not_before)
+    early_s = PLACE_WAKE_EARLY_S if throttled.wait_s > 2 * PLACE_WAKE_EARLY_S else 0.0
+    deps.store.defer(throttled.thread_id, not_before - timedelta(seconds=early_s))
     if deps.limiter is not None:
         deps.limiter.count("deferred")
     log.debug(

@@ -11,8 +11,15 @@ unused, so user text is admitted at once during a burst. A refused background as
 a place in its flow's queue (its agent, or its tenant): each flow's refusals are spaced by
 the bucket's rate times the number of flows waiting, divided by the flow's weight, so
 capacity coming back is shared between agents instead of going to whichever launched the
-most threads. User text gets no place in a queue: refused (its reserve spent), it waits
-only until the bucket can take it, ahead of every background place. ``RedisLimiter``
+most threads. A place is kept: the holder (its thread) asking again at or after its place
+is next in line, before every later place and every background ask without one, and when
+the bucket cannot pay for it and the places ahead of it yet (each call must still leave the
+reserve), it keeps its place and is told when the bucket will have capacity for it, so a
+thread woken on time is never sent to the back of the queue. Token
+places are spaced by the tokens calls have been using (a running mean of the completions'
+usage), not by the upper-bound estimate each call is admitted with. User text gets no place
+in a queue: refused (its reserve spent), it waits only until the bucket can take it, ahead
+of every background place. ``RedisLimiter``
 (``stores/redis_limiter.py``) is the same algorithm in Lua, shared by every worker.
 """
 
@@ -30,8 +37,11 @@ from dormant.rate_limit import ProviderLimits, RateLimit
 __all__ = [
     "CONCURRENCY_SPACING_S",
     "COUNTERS",
+    "PLACE_EARLY_S",
+    "PLACE_KEPT_S",
     "SLOT_POLL_S",
     "THROTTLED_S",
+    "USAGE_WEIGHT",
     "Ask",
     "Limiter",
     "MemoryLimiter",
@@ -43,6 +53,13 @@ back when its holder ends, which no one can predict."""
 CONCURRENCY_SPACING_S = 1.0
 """With only a concurrency limit, refused background asks are spaced by this over the
 limit (a guess at one call's length: the queue needs some rate)."""
+PLACE_EARLY_S = 0.05
+"""A holder may come this early to its place (the worker's clock and timer against the
+limiter's) and still be admitted on it."""
+PLACE_KEPT_S = 60.0
+"""A place not claimed this long after its time is forgotten: its thread went elsewhere."""
+USAGE_WEIGHT = 0.2
+"""How much each completion's usage moves the running mean that spaces token places."""
 THROTTLED_S = 1.0
 """How long a 429 without ``Retry-After`` or reset headers drains the bucket."""
 
@@ -66,6 +83,8 @@ class Ask:
     flow: str = ""
     """Whose queue a refused background ask joins (an agent, a tenant)."""
     weight: float = 1.0
+    holder: str = ""
+    """Who holds a refused ask's place (its thread): asking again on time claims it."""
 
 
 class Limiter(Protocol):
@@ -77,10 +96,16 @@ class Limiter(Protocol):
         ...
 
     def release(
-        self, bucket: str, limit: RateLimit, slot: str, correction_tokens: float = 0.0
+        self,
+        bucket: str,
+        limit: RateLimit,
+        slot: str,
+        correction_tokens: float = 0.0,
+        used_tokens: float = 0.0,
     ) -> None:
         """Give the slot back, and ``correction_tokens`` (estimate minus actual use;
-        negative when the call used more) to the token bucket."""
+        negative when the call used more) to the token bucket; ``used_tokens`` (the
+        completion's usage, 0 if unknown) moves the mean that spaces token places."""
         ...
 
     def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
@@ -107,6 +132,10 @@ class _Bucket:
     """Slot id to its lease's expiry."""
     tails: dict[str, float] = field(default_factory=dict)
     """Flow to the time its queue's last place ends."""
+    places: dict[str, float] = field(default_factory=dict)
+    """Holder to the time of its place: its reservation."""
+    used_tokens: float = 0.0
+    """Running mean of the tokens a call used (0: none seen yet)."""
 
 
 class MemoryLimiter:
@@ -123,8 +152,16 @@ class MemoryLimiter:
         with self._lock:
             now = self._clock()
             state = self._refilled(bucket, limit, now)
-            wait_s = _wait_s(state, limit, ask, now)
+            background = bool(ask.holder) and not ask.interactive
+            place = state.places.get(ask.holder) if background else None
+            if place is not None and place - now > PLACE_EARLY_S:  # early: keep the place
+                self._counters["refused"] += 1
+                return place - now
+            before = now + PLACE_EARLY_S if place is None else place
+            ahead = 0 if ask.interactive else sum(p < before for p in state.places.values())
+            wait_s = _wait_s(state, limit, ask, now, ahead)
             if wait_s <= 0:
+                state.places.pop(ask.holder, None)
                 if limit.rpm:
                     state.requests -= 1
                 if limit.tpm:
@@ -133,19 +170,29 @@ class MemoryLimiter:
                     state.slots[ask.slot] = now + ask.slot_ttl_s
                 self._counters["admitted"] += 1
                 return 0.0
-            if not ask.interactive:
+            if place is None and not ask.interactive:
                 wait_s = _queued_wait_s(state, limit, ask, now, wait_s)
+                if background:
+                    state.places[ask.holder] = now + wait_s
             self._counters["refused"] += 1
             return wait_s
 
     def release(
-        self, bucket: str, limit: RateLimit, slot: str, correction_tokens: float = 0.0
+        self,
+        bucket: str,
+        limit: RateLimit,
+        slot: str,
+        correction_tokens: float = 0.0,
+        used_tokens: float = 0.0,
     ) -> None:
         with self._lock:
             state = self._refilled(bucket, limit, self._clock())
             state.slots.pop(slot, None)
             if limit.tpm:
                 state.tokens = min(limit.tpm, state.tokens + correction_tokens)
+            if used_tokens > 0:
+                mean = state.used_tokens or used_tokens
+                state.used_tokens = mean + USAGE_WEIGHT * (used_tokens - mean)
 
     def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
         with self._lock:
@@ -190,19 +237,24 @@ class MemoryLimiter:
             state.at_s = now
         state.slots = {slot: until for slot, until in state.slots.items() if until > now}
         state.tails = {flow: tail for flow, tail in state.tails.items() if tail > now}
+        state.places = {
+            holder: place for holder, place in state.places.items() if place > now - PLACE_KEPT_S
+        }
         return state
 
 
-def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float) -> float:
-    """0 if every limit admits ``ask`` now, else the longest of their waits."""
+def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, ahead: int) -> float:
+    """0 if every limit admits ``ask`` now, after the ``ahead`` places due before it, else
+    the longest of their waits."""
     share = 0.0 if ask.interactive else limit.reserve
     wait_s = max(0.0, state.blocked_until_s - now)
     if limit.rpm:
-        need = min(limit.rpm, 1 + math.ceil(limit.rpm * share))
+        need = min(limit.rpm, 1 + math.ceil(limit.rpm * share) + ahead)
         if state.requests < need:
             wait_s = max(wait_s, (need - state.requests) * 60 / limit.rpm)
     if limit.tpm:
-        need = min(limit.tpm, ask.tokens + limit.tpm * share)
+        spaced = min(ask.tokens, state.used_tokens or ask.tokens)
+        need = min(limit.tpm, ask.tokens + limit.tpm * share + ahead * spaced)
         if state.tokens < need:
             wait_s = max(wait_s, (need - state.tokens) * 60 / limit.tpm)
     if limit.concurrency:
@@ -224,17 +276,20 @@ def _queued_wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, wait_
     spaced by the bucket's rate times the flows waiting over the flow's weight."""
     waiting = len(state.tails) + (0 if ask.flow in state.tails else 1)
     start = max(now + wait_s, state.tails.get(ask.flow, 0.0))
-    state.tails[ask.flow] = start + _spacing_s(limit, ask.tokens) * waiting / ask.weight
+    state.tails[ask.flow] = (
+        start + _spacing_s(limit, ask.tokens, state.used_tokens) * waiting / ask.weight
+    )
     return start - now
 
 
-def _spacing_s(limit: RateLimit, tokens: int) -> float:
-    """The time the bucket takes to afford one more such request."""
+def _spacing_s(limit: RateLimit, tokens: int, used_tokens: float) -> float:
+    """The time the bucket takes to afford one more such request: a call's tokens are
+    what calls have been using (``used_tokens``), once known, not the upper bound."""
     spacing = 0.0
     if limit.rpm:
         spacing = 60 / limit.rpm
     if limit.tpm:
-        spacing = max(spacing, tokens * 60 / limit.tpm)
+        spacing = max(spacing, min(tokens, used_tokens or tokens) * 60 / limit.tpm)
     if spacing == 0 and limit.concurrency:
         spacing = CONCURRENCY_SPACING_S / limit.concurrency
     return spacing

@@ -86,7 +86,8 @@ class Steered:
 @dataclass(frozen=True)
 class Deferred:
     """No model capacity (admission refused, or the provider answered 429): nothing was
-    consumed or counted as a failure; the sweeper wakes the thread at ``not_before``."""
+    consumed or counted as a failure; the thread asks again at ``not_before`` (a Celery
+    worker retries the slice then when that is soon; the sweeper wakes it otherwise)."""
 
     thread_id: str
     not_before: datetime

@@ -4,7 +4,8 @@ Each bucket is three keys under the deployment's prefix: ``{prefix}:limit:{bucke
 hash: request and token levels, when they were last refilled, until when the provider
 said to stop), ``...:slots`` (a sorted set of concurrency slots scored by their lease's
 expiry: a worker that dies holding one gives it back when the score passes) and
-``...:tails`` (each flow's queue end, see ``runtime/limiter.py``). Time is Redis's own
+``...:tails`` (each flow's queue end, see ``runtime/limiter.py``) and ``...:places`` (each
+holder's reserved place, scored by its time). Time is Redis's own
 (``TIME``), so workers' clocks never disagree. Every key expires on its own once idle.
 
 All of it may be lost: a flushed Redis starts every bucket full with no slot held (the
@@ -23,7 +24,10 @@ from dormant.rate_limit import ProviderLimits, RateLimit
 from dormant.runtime.limiter import (
     CONCURRENCY_SPACING_S,
     COUNTERS,
+    PLACE_EARLY_S,
+    PLACE_KEPT_S,
     SLOT_POLL_S,
+    USAGE_WEIGHT,
     Ask,
 )
 
@@ -32,17 +36,19 @@ __all__ = ["RedisLimiter"]
 log = logging.getLogger("dormant.admission")
 
 # KEYS[1] the bucket's hash, KEYS[2] its slots, KEYS[3] its flows' tails, KEYS[4] the
-# counters; ARGV[1..4] rpm, tpm, concurrency (0: unlimited) and the reserve share.
+# counters, KEYS[5] its holders' places; ARGV[1..4] rpm, tpm, concurrency (0: unlimited)
+# and the reserve share.
 _REFILL = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local conc, reserve = tonumber(ARGV[3]), tonumber(ARGV[4])
-local state = redis.call('HMGET', KEYS[1], 'r', 't', 'at', 'blocked')
+local state = redis.call('HMGET', KEYS[1], 'r', 't', 'at', 'blocked', 'used')
 local r = tonumber(state[1]) or rpm
 local tk = tonumber(state[2]) or tpm
 local at = tonumber(state[3]) or now
 local blocked = tonumber(state[4]) or 0
+local used = tonumber(state[5]) or 0
 if now > at then
   if rpm > 0 then r = math.min(rpm, r + (now - at) * rpm / 60000) end
   if tpm > 0 then tk = math.min(tpm, tk + (now - at) * tpm / 60000) end
@@ -51,35 +57,53 @@ end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local function save()
   redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(tk), 'at', tostring(at),
-    'blocked', tostring(blocked))
+    'blocked', tostring(blocked), 'used', tostring(used))
   redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(120000, blocked - now + 60000)))
 end
 """
 
 # ARGV[5..] the estimated tokens, the slot id, its ttl in ms, 1 if interactive, the flow,
-# its weight, the slot poll and the concurrency spacing in ms. Returns 0 when admitted,
-# else the wait in ms (at least 1).
+# its weight, the slot poll and the concurrency spacing in ms, the holder, how early it may
+# claim its place and how long a place is kept (ms). Returns 0 when admitted, else the wait
+# in ms (at least 1).
 _ACQUIRE = (
     _REFILL
     + """
 local tokens, slot, ttl = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
 local interactive, flow, weight = ARGV[8] == '1', ARGV[9], tonumber(ARGV[10])
 local poll, conc_spacing = tonumber(ARGV[11]), tonumber(ARGV[12])
+local holder, early, kept = ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - kept)
+local place = nil
+if holder ~= '' and not interactive then place = tonumber(redis.call('ZSCORE', KEYS[5], holder)) end
+if place and place - now > early then  -- early: it keeps its place
+  redis.call('HINCRBY', KEYS[4], 'refused', 1)
+  return math.max(1, math.ceil(place - now))
+end
 local share = reserve
 if interactive then share = 0 end
+local spaced = tokens
+if used > 0 then spaced = math.min(tokens, used) end
+-- the places due before this ask (before its own place, or by now): it pays after them
+local ahead = 0
+if not interactive then
+  local before = now + early
+  if place then before = place end
+  ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.3f', before))
+end
 local wait = math.max(0, blocked - now)
 if rpm > 0 then
-  local need = math.min(rpm, 1 + math.ceil(rpm * share))
+  local need = math.min(rpm, 1 + math.ceil(rpm * share) + ahead)
   if r < need then wait = math.max(wait, (need - r) * 60000 / rpm) end
 end
 if tpm > 0 then
-  local need = math.min(tpm, tokens + tpm * share)
+  local need = math.min(tpm, tokens + tpm * share + ahead * spaced)
   if tk < need then wait = math.max(wait, (need - tk) * 60000 / tpm) end
 end
 if conc > 0 then
-  local kept = 0
-  if share > 0 then kept = math.min(conc - 1, math.max(1, math.floor(conc * share))) end
-  if redis.call('ZCARD', KEYS[2]) >= conc - kept then
+  local spare = 0
+  if share > 0 then spare = math.min(conc - 1, math.max(1, math.floor(conc * share))) end
+  if redis.call('ZCARD', KEYS[2]) >= conc - spare then
     local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
     wait = math.max(wait, math.min(poll, tonumber(first[2]) - now))
   end
@@ -91,24 +115,30 @@ if wait <= 0 then
     redis.call('ZADD', KEYS[2], now + ttl, slot)
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl + 60000))
   end
+  if holder ~= '' then redis.call('ZREM', KEYS[5], holder) end
   save()
   redis.call('HINCRBY', KEYS[4], 'admitted', 1)
   return 0
 end
-if not interactive then
+if not place and not interactive then
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   local tail = redis.call('ZSCORE', KEYS[3], flow)
   local waiting = redis.call('ZCARD', KEYS[3])
   if tail then tail = tonumber(tail) else tail = 0; waiting = waiting + 1 end
   local spacing = 0
   if rpm > 0 then spacing = 60000 / rpm end
-  if tpm > 0 then spacing = math.max(spacing, tokens * 60000 / tpm) end
+  if tpm > 0 then spacing = math.max(spacing, spaced * 60000 / tpm) end
   if spacing == 0 and conc > 0 then spacing = conc_spacing / conc end
   local start = math.max(now + wait, tail)
   local finish = start + spacing * waiting / weight
   redis.call('ZADD', KEYS[3], finish, flow)
   redis.call('PEXPIRE', KEYS[3], math.ceil(finish - now + 60000))
   wait = start - now
+  if holder ~= '' then  -- not interactive, here
+    redis.call('ZADD', KEYS[5], start, holder)
+    local ttl = math.ceil(wait + kept + 60000)
+    if redis.call('PTTL', KEYS[5]) < ttl then redis.call('PEXPIRE', KEYS[5], ttl) end
+  end
 end
 save()
 redis.call('HINCRBY', KEYS[4], 'refused', 1)
@@ -116,12 +146,18 @@ return math.max(1, math.ceil(wait))
 """
 )
 
-# ARGV[5] the slot id, ARGV[6] tokens to give back (negative: take more).
+# ARGV[5] the slot id, ARGV[6] tokens to give back (negative: take more), ARGV[7] the
+# tokens the call used (0: unknown), ARGV[8] how much they move the running mean.
 _RELEASE = (
     _REFILL
     + """
 redis.call('ZREM', KEYS[2], ARGV[5])
 if tpm > 0 then tk = math.min(tpm, tk + tonumber(ARGV[6])) end
+local spent = tonumber(ARGV[7])
+if spent > 0 then
+  if used <= 0 then used = spent end
+  used = used + tonumber(ARGV[8]) * (spent - used)
+end
 save()
 return 1
 """
@@ -179,7 +215,7 @@ class RedisLimiter:
 
     def keys(self, bucket: str) -> list[str]:
         base = f"{self._prefix}:limit:{bucket}"
-        return [base, f"{base}:slots", f"{base}:tails", self.counters_key]
+        return [base, f"{base}:slots", f"{base}:tails", self.counters_key, f"{base}:places"]
 
     def acquire(self, bucket: str, limit: RateLimit, ask: Ask) -> float:
         args = [
@@ -192,6 +228,9 @@ class RedisLimiter:
             ask.weight,
             _ms(SLOT_POLL_S),
             _ms(CONCURRENCY_SPACING_S),
+            ask.holder,
+            _ms(PLACE_EARLY_S),
+            _ms(PLACE_KEPT_S),
         ]
         try:
             wait_ms = cast(int, self._acquire(keys=self.keys(bucket), args=args))
@@ -201,9 +240,14 @@ class RedisLimiter:
         return wait_ms / 1000
 
     def release(
-        self, bucket: str, limit: RateLimit, slot: str, correction_tokens: float = 0.0
+        self,
+        bucket: str,
+        limit: RateLimit,
+        slot: str,
+        correction_tokens: float = 0.0,
+        used_tokens: float = 0.0,
     ) -> None:
-        args = [*_limits(limit), slot, correction_tokens]
+        args = [*_limits(limit), slot, correction_tokens, used_tokens, USAGE_WEIGHT]
         try:
             self._release(keys=self.keys(bucket), args=args)
         except redis.RedisError:  # the slot's lease ends on its own

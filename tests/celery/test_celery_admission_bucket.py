@@ -3,6 +3,7 @@ every worker (``stores/redis_limiter.py``), and a deferred thread surviving a fl
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import secrets
 import threading
@@ -138,6 +139,34 @@ def test_refused_background_asks_get_places_spaced_by_the_rate(
     assert late == pytest.approx(1.0, abs=0.05)  # another agent is not queued behind
     user = limiter.acquire("b", limit, _ask("u"))
     assert user == pytest.approx(1.0, abs=0.05)
+
+
+def test_a_place_is_kept_and_paid_in_its_turn(redis_server: redis.Redis, prefix: str) -> None:
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=600, tpm=600_000, reserve=0.01)  # background leaves 6 requests
+    limiter.feedback("b", limit, ProviderLimits(retry_after_s=0.0))  # empty: a 429
+    started_s = float(redis_server.time()[0]) + redis_server.time()[1] / 1e6
+    asks = {h: Ask(1000, f"slot-{h}", 30, False, "a", holder=h) for h in ("h0", "h1", "h2")}
+    places = [limiter.acquire("b", limit, ask) for ask in asks.values()]
+    assert places == pytest.approx([0.7, 0.8, 0.9], abs=0.05)  # 7 requests, then 0.1 s each
+    # asking early keeps the place: it is not sent to the back of the queue (1.0 s)
+    assert limiter.acquire("b", limit, asks["h2"]) == pytest.approx(0.9, abs=0.05)
+
+    def redis_s() -> float:
+        seconds, micros = redis_server.time()
+        return float(seconds) + micros / 1e6
+
+    wait_until(lambda: redis_s() > started_s + 1.0, 5, "every place due")
+    limiter.feedback("b", limit, ProviderLimits(retry_after_s=0.0))  # empty again
+    # a due place the bucket cannot pay for yet is kept, and told when it can: after the
+    # places ahead of it, before any newcomer
+    assert limiter.acquire("b", limit, asks["h2"]) == pytest.approx(0.9, abs=0.05)
+    newcomer = Ask(1000, "slot-new", 30, False, "a", holder="new")
+    assert limiter.acquire("b", limit, newcomer) >= 0.95
+    assert limiter.acquire("b", limit, asks["h0"]) == pytest.approx(0.7, abs=0.05)
+    for holder, ask in asks.items():
+        admitted = functools.partial(limiter.acquire, "b", limit, ask)
+        wait_until(lambda: admitted() == 0, 5, f"{holder} in its turn")  # noqa: B023
 
 
 def test_a_redis_flush_resets_the_limits_and_loses_no_deferred_thread(
