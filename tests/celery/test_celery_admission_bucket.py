@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 import redis
+from admission_hammer import hammer
 from conftest import REDIS_URL, wait_until
 
 from dormant import Agent
@@ -47,13 +48,6 @@ def _ask(slot: str, *, interactive: bool = True, ttl_s: float = 30.0, flow: str 
     return Ask(10, slot, ttl_s, interactive, flow)
 
 
-def _hammer(url: str, prefix: str, worker: str, asks: int, limit: RateLimit) -> int:
-    """One worker's admissions out of ``asks`` tries (run in threads and processes)."""
-    limiter = RedisLimiter(redis.Redis.from_url(url, decode_responses=True), prefix)
-    asked = (_ask(f"{worker}-{n}", ttl_s=600) for n in range(asks))  # no slot lapses meanwhile
-    return sum(limiter.acquire("b", limit, ask) == 0 for ask in asked)
-
-
 def test_workers_hammering_the_bucket_never_get_more_than_its_limit(
     redis_server: redis.Redis, prefix: str
 ) -> None:
@@ -63,14 +57,14 @@ def test_workers_hammering_the_bucket_never_get_more_than_its_limit(
     admitted: list[int] = []
     threads = [
         threading.Thread(
-            target=lambda w=w: admitted.append(_hammer(url, prefix, f"t{w}", 30, limit))
+            target=lambda w=w: admitted.append(hammer(url, prefix, f"t{w}", 30, limit))
         )
         for w in range(6)
     ]
     context = multiprocessing.get_context("spawn")
     with context.Pool(2) as pool:
         processes = pool.starmap_async(
-            _hammer, [(url, prefix, f"p{w}", 30, limit) for w in range(2)]
+            hammer, [(url, prefix, f"p{w}", 30, limit) for w in range(2)]
         )
         for thread in threads:
             thread.start()

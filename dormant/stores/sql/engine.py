@@ -127,9 +127,25 @@ def _sqlite_connect(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
     cursor.execute("PRAGMA foreign_keys = ON")
-    cursor.execute("PRAGMA journal_mode = WAL")
+    _journal_in_wal(cursor)
     cursor.execute("PRAGMA synchronous = NORMAL")
     cursor.close()
+
+
+def _journal_in_wal(cursor: sqlite3.Cursor) -> None:
+    """Switch the file to WAL, waiting for the lock it needs. The switch (a new file's
+    first) takes an exclusive lock for which SQLite's busy handler does not wait: a
+    process opening a new file while another migrates it got "database is locked" at
+    once. A file already in WAL answers at once."""
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    while True:
+        try:
+            cursor.execute("PRAGMA journal_mode = WAL")
+            return
+        except sqlite3.OperationalError as error:
+            if error.sqlite_errorcode not in _BUSY_CODES or time.monotonic() > deadline:
+                raise
+            time.sleep(random.uniform(0.005, 0.05))
 
 
 def _sqlite_begin(conn: Connection) -> None:
