@@ -5,8 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from dormant.runtime.history import pending
-from dormant.stores.base import CallRecord, ThreadStatus
+from dormant.runtime.history import Applied, has_pending, pending
+from dormant.runtime.turn import Turn
+from dormant.stores.base import (
+    CallRecord,
+    CallState,
+    Priority,
+    SliceStore,
+    ThreadInfo,
+    ThreadStatus,
+)
 
 __all__ = [
     "Busy",
@@ -20,7 +28,10 @@ __all__ = [
     "Stalled",
     "Steered",
     "Waiting",
+    "rewake_priority",
     "settled",
+    "status_after",
+    "waiting_on",
 ]
 
 
@@ -114,3 +125,28 @@ def settled(thread_id: str, status: ThreadStatus, calls: dict[str, CallRecord]) 
     if not waiting:
         return Idle(thread_id)
     return Waiting(thread_id, tuple(c.call_id for c in waiting), tuple(c.name for c in waiting))
+
+
+def rewake_priority(store: SliceStore, thread_id: str, seen: int) -> Priority:
+    """The priority of a re-wake for rows that arrived during the slice: interactive only
+    if user text is among them, so tool results never jump the user-text queue."""
+    if store.has_pending_after(thread_id, seen, user_text_only=True):
+        return Priority.INTERACTIVE
+    return Priority.BACKGROUND
+
+
+def waiting_on(applied: Applied) -> str:
+    """What a waiting thread waits for, for its status event: ``"on run_build (call_1)"``."""
+    calls = [c for c in applied.calls.values() if c.state is CallState.PENDING]
+    return "on " + ", ".join(f"{c.name} ({c.call_id})" for c in calls) if calls else ""
+
+
+def status_after(thread: ThreadInfo, applied: Applied, turn: Turn) -> ThreadStatus:
+    """The status a slice commits: closed, waiting on a pending call, or idle."""
+    if thread.status is ThreadStatus.CLOSED or turn.closing:
+        return ThreadStatus.CLOSED
+    if has_pending(applied.calls):
+        return ThreadStatus.WAITING
+    if thread.metadata.get("role") == "event" and applied.woke:
+        return ThreadStatus.CLOSED  # a temporary thread that went idle has nothing left to do
+    return ThreadStatus.IDLE

@@ -76,7 +76,10 @@ from dormant.runtime.outcomes import (
     Stalled,
     Steered,
     Waiting,
+    rewake_priority,
     settled,
+    status_after,
+    waiting_on,
 )
 from dormant.runtime.quarantine import isolate, poison
 from dormant.runtime.turn import Turn
@@ -86,10 +89,8 @@ from dormant.stores.base import (
     InboxRow,
     OutboxRow,
     Priority,
-    SliceStore,
     Snapshot,
     StoredItem,
-    ThreadInfo,
     ThreadStatus,
 )
 from dormant.stores.closing import close_calls
@@ -160,18 +161,10 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
     # aside, is SQL asked again.
     asked = seen is not None and (refused or work.set_aside or isinstance(outcome, Steered))
     if asked and seen is not None and deps.store.has_pending_after(thread_id, seen):
-        priority = _rewake_priority(deps.store, thread_id, seen)
+        priority = rewake_priority(deps.store, thread_id, seen)
         if not isinstance(outcome, Deferred) or priority is Priority.INTERACTIVE:
             deps.dispatcher.wake(thread_id, priority)  # a deferred one waits unless user text
     return outcome
-
-
-def _rewake_priority(store: SliceStore, thread_id: str, seen: int) -> Priority:
-    """The priority of a re-wake for rows that arrived during the slice: interactive only
-    if user text is among them, so tool results never jump the user-text queue."""
-    if store.has_pending_after(thread_id, seen, user_text_only=True):
-        return Priority.INTERACTIVE
-    return Priority.BACKGROUND
 
 
 class _Slice:
@@ -444,7 +437,7 @@ class _Slice:
     ) -> tuple[SliceOutcome, int | None]:
         deps = self.deps
         thread = snap.thread
-        status = _status(thread, applied, turn)
+        status = status_after(thread, applied, turn)
         closing = status is ThreadStatus.CLOSED and thread.status is not ThreadStatus.CLOSED
         if closing:
             changed, results = close_calls(thread.id, applied.calls.values(), turn.free_seq)
@@ -507,7 +500,7 @@ class _Slice:
             for row, reason in applied.rejected
         ]
         if status is not snap.thread.status:
-            detail = _waiting_on(applied) if status is ThreadStatus.WAITING else ""
+            detail = waiting_on(applied) if status is ThreadStatus.WAITING else ""
             events.append(StatusChanged(thread_id=self.thread_id, status=status, detail=detail))
         for thread_id in {t for t, *_ in turn.enqueue}:
             deps.dispatcher.wake(thread_id, Priority.BACKGROUND)
@@ -520,19 +513,3 @@ class _Slice:
             )
         if rows:  # one stamp for all: a row sent but not stamped is only sent again
             deps.store.mark_dispatched([outbox.id for outbox in rows])
-
-
-def _waiting_on(applied: Applied) -> str:
-    """What a waiting thread waits for, for its status event: ``"on run_build (call_1)"``."""
-    calls = [c for c in applied.calls.values() if c.state is CallState.PENDING]
-    return "on " + ", ".join(f"{c.name} ({c.call_id})" for c in calls) if calls else ""
-
-
-def _status(thread: ThreadInfo, applied: Applied, turn: Turn) -> ThreadStatus:
-    if thread.status is ThreadStatus.CLOSED or turn.closing:
-        return ThreadStatus.CLOSED
-    if has_pending(applied.calls):
-        return ThreadStatus.WAITING
-    if thread.metadata.get("role") == "event" and applied.woke:
-        return ThreadStatus.CLOSED  # a temporary thread that went idle has nothing left to do
-    return ThreadStatus.IDLE
