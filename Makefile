@@ -66,7 +66,9 @@ bench-full: bench-env
 	$(BIN)/python bench/import_cost.py --out bench/results/full/import.json
 	$(BIN)/python bench/reference.py --waves 1000,4000,5000,10000 --sqlite-waves 100,200,400 \
 		--langgraph-waves 100,200,400 --out bench/results/full/reference.json
-	$(BIN)/python bench/celery_throughput.py --out bench/results/full/celery.json
+	$(BIN)/python bench/celery_throughput.py --phases throughput,latency,waiting \
+		--out bench/results/full/celery.json
+	$(BIN)/python bench/idle_scale.py --threads 1000,1000000 --out bench/results/full/idle_scale.json
 	$(BIN)/python bench/burst.py --agents 2000 --rpm 400 --out bench/results/full/burst.json
 	$(BENCH_PLOT)/bin/python bench/plots.py --results bench/results/full --out bench/results/full
 

@@ -3,14 +3,15 @@
 A realistic idle thread is a finished one: ``make_template`` runs one agent for 20 turns of
 the reference workload (a tool call and its delivered result each turn) on the bench's own
 PostgreSQL database through ``LocalSystem``; ``add_idle_threads`` copies its rows
-(thread, items, calls, finished inbox rows) ``count`` times with ``INSERT ... SELECT`` over
-``generate_series``, since launching 100,000 threads one by one would take hours, then
-analyzes the tables.
+(thread, items, calls, finished inbox rows, ran outbox rows) ``count`` times with
+``INSERT ... SELECT`` over ``generate_series``, since launching 100,000 threads one by one
+would take hours, then vacuums and analyzes the tables, as autovacuum would.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 
 from sqlalchemy import Engine, text
 
@@ -18,7 +19,9 @@ from dormant import Agent, LocalSystem, ToolContext, tool
 from dormant.models import SimulatedModel
 
 TEMPLATE = "template"
-_COPIED = ("threads", "items", "calls", "inbox")
+_COPIED = ("threads", "items", "calls", "inbox", "outbox")
+_SERIAL = {"inbox": "id", "outbox": "id"}
+"""Columns a copy leaves to their sequence."""
 
 
 def make_template(database_url: str, turns: int = 20) -> None:
@@ -43,8 +46,15 @@ def make_template(database_url: str, turns: int = 20) -> None:
             system.run_until_idle(timeout_s=300)
 
 
-def add_idle_threads(engine: Engine, prefix: str, count: int, batch: int = 5000) -> None:
-    """Insert ``count`` copies of the template thread, ids ``{prefix}{n}``."""
+def add_idle_threads(
+    engine: Engine,
+    prefix: str,
+    count: int,
+    batch: int = 5000,
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Insert ``count`` copies of the template thread, ids ``{prefix}{n}``, one transaction
+    per ``batch`` copies; ``progress`` is told how many were added after each."""
     if count <= 0:
         return
     with engine.connect() as conn:
@@ -72,18 +82,21 @@ def add_idle_threads(engine: Engine, prefix: str, count: int, batch: int = 5000)
             for table in _COPIED:
                 sql = _copy_sql(table, columns[table], prefix)
                 conn.execute(text(sql), {"a": first, "b": last})
-    # A deployment grows gradually and autovacuum keeps the planner's statistics current;
-    # right after a bulk copy they are missing, and the planner guessed 200,000 items per
-    # thread (docs/benchmarks.md, idle scale). Measure the steady state.
+        if progress is not None:
+            progress(last + 1 - start)
+    # A deployment grows gradually and autovacuum keeps the planner's statistics current
+    # (and the visibility map that index-only scans need); right after a bulk copy they are
+    # missing, and the planner guessed 200,000 items per thread (docs/benchmarks.md, idle
+    # scale). Measure the steady state.
     with engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(
-            text(f"ANALYZE {', '.join(_COPIED)}")
+            text(f"VACUUM (ANALYZE) {', '.join(_COPIED)}")
         )
 
 
 def _copy_sql(table: str, columns: list[str], prefix: str) -> str:
     key = "id" if table == "threads" else "thread_id"
-    kept = [c for c in columns if not (table == "inbox" and c == "id")]
+    kept = [c for c in columns if c != _SERIAL.get(table)]
     new_id = f"'{prefix}' || g"
     chosen = []
     for column in kept:

@@ -269,7 +269,9 @@ def schema(prefix: str = "") -> Schema:
             Index(None, "status", "created_at", "id"),  # one status, newest first
             Index(None, "root_id"),
             partial("threads_closed", "updated_at", where="status = 'closed'"),
-            partial("threads_idle", "agent", "updated_at", where="status = 'idle'"),
+            # the idle sweep's order, ``id`` included: a LIMIT stops after its rows even
+            # among threads idle since the same instant (migration 0009)
+            partial("threads_idle", "agent", "updated_at", "id", where="status = 'idle'"),
         ),
         items=table(
             ItemColumns,
