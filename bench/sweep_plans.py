@@ -37,8 +37,9 @@ _RUNS = 8
 
 def sweep_plans(database_url: str, thread_id: str, agent: str) -> dict[str, str]:
     """The plan of each sweeper and claim query, by the store method that ran it, on the
-    database as it is; ``thread_id`` (an idle thread of ``agent``) gets one due timer, so
-    that the timer claim runs too (its message lands in the thread's inbox)."""
+        database as it is; ``thread_id`` (an idle thread of ``agent``) gets one due timer, so
+        that the timer claim runs too (its message lands in the thread's inbox, and the thread's
+    load on waking is shown last)."""
     url = make_url(database_url).update_query_dict({"options": _AUTO_EXPLAIN})
     store = SQLStore(url.render_as_string(hide_password=False))
     notices: list[str] = []
@@ -66,6 +67,9 @@ def sweep_plans(database_url: str, thread_id: str, agent: str) -> dict[str, str]
         "mark_dispatched": lambda: store.mark_dispatched([outbox_id]),
         "mark_ran": lambda: store.mark_ran([outbox_id]),
     }
+    # Not the sweeper's: what a slice reads when the timer's message wakes the thread
+    # (thread, items past the worker's cache, calls, open inbox rows), every statement.
+    woken = {"load (a slice's read on waking)": lambda: store.load(thread_id)}
     plans: dict[str, str] = {}
     try:
         message = UserMessage(text="a scheduled reminder")
@@ -78,6 +82,11 @@ def sweep_plans(database_url: str, thread_id: str, agent: str) -> dict[str, str]
                 notices.clear()
                 query()
             plans[name] = _last_statement(notices)
+        for name, query in woken.items():
+            for _ in range(_RUNS):
+                notices.clear()
+                query()
+            plans[name] = "\n".join(n for n in notices if "Query Text:" in n)
     finally:
         store.close()
     return plans
