@@ -32,8 +32,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import secrets
 import signal
+import statistics
 import sys
 import time
 from contextlib import ExitStack
@@ -216,23 +218,47 @@ def per_thread(results: dict[str, Any]) -> dict[str, dict[str, float]]:
     return out
 
 
+def ratio_interval(
+    base_ms: list[float], other_ms: list[float], percentile: int, resamples: int = 2000
+) -> tuple[float, float]:
+    """The 95 % bootstrap interval of ``other``'s percentile over ``base``'s: whether a
+    difference is the idle threads' or the noise of a few hundred samples."""
+    draw = random.Random(percentile)
+
+    def resampled(samples: list[float]) -> float:
+        again = draw.choices(samples, k=len(samples))
+        return statistics.quantiles(again, n=100)[percentile - 1]
+
+    ratios = sorted(resampled(other_ms) / resampled(base_ms) for _ in range(resamples))
+    return ratios[resamples // 40], ratios[resamples - 1 - resamples // 40]
+
+
 def report(results: dict[str, Any]) -> None:
     table = Table(title=f"idle threads in PostgreSQL ({results['turns']}-turn clones)")
-    for column in ("idle threads", "bytes / thread", "wake p50 ms", "wake p99 ms", "worker RSS"):
+    columns = ("idle threads", "bytes / thread", "wake p50 ms", "wake p99 ms", "worker RSS")
+    for column in columns:
         table.add_column(column, justify="right")
     grown = per_thread(results)
+    smallest = results["sizes"][min(results["sizes"], key=int)]["deliver"]["all_ms"]
     for size, figures in results["sizes"].items():
         on_disk = sum(parts["total"] for parts in figures["relations"].values())
         slope = sum(v for k, v in grown.get(size, {}).items() if " " not in k)
+        wakes = figures["deliver"]
+        shown = {q: f"{wakes[f'p{q}_ms']:.1f}" for q in (50, 99)}
+        if size in grown:
+            for q in shown:
+                low, high = ratio_interval(smallest, wakes["all_ms"], q)
+                shown[q] += f" ({low:.2f}-{high:.2f}x)"
         table.add_row(
             f"{figures['idle_threads']:,}",
             f"{on_disk / figures['idle_threads']:,.0f} all"
             + (f", {slope:,.0f} added" if size in grown else ""),
-            f"{figures['deliver']['p50_ms']:.1f}",
-            f"{figures['deliver']['p99_ms']:.1f}",
+            shown[50],
+            shown[99],
             f"{figures['worker_rss_bytes'] / 2**20:.0f} MiB",
         )
     console.print(table)
+    console.print("(x: 95 % bootstrap interval of the ratio to the smallest size)")
     if grown:
         size = max(grown, key=int)
         parts = Table(title=f"bytes per idle thread added, up to {int(size):,}, by relation")
