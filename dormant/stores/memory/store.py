@@ -59,6 +59,7 @@ from dormant.stores.memory.blob import unpack_lines
 from dormant.stores.memory.closing import MemoryClosing
 from dormant.stores.memory.ledger import MemoryLedger
 from dormant.stores.memory.retention import MemoryRetention, _waiting
+from dormant.stores.rawitem import item_line
 
 __all__ = ["MemoryStore"]
 
@@ -103,7 +104,7 @@ class MemoryStore(MemoryClosing, MemoryRetention):
                 metadata=dict(thread.metadata),
             )
             t = stored.StoredThread(info=stored.codecs().info.dump_json(info))
-            t.log.append(b"".join(stored.codecs().item.dump_json(s) + b"\n" for s in thread.items))
+            t.log.append(b"".join(map(item_line, thread.items)))
             if thread.calls:
                 t.calls = stored.pack_calls({c.call_id: c for c in thread.calls})
             for message_id, message, priority in thread.messages:

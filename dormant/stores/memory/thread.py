@@ -17,6 +17,7 @@ from pydantic import TypeAdapter
 
 from dormant.stores.base import CallRecord, InboxRow, InboxState, StoredItem, ThreadInfo
 from dormant.stores.memory.blob import ItemLog, SeenIds, pack_lines, unpack_lines
+from dormant.stores.rawitem import item_line, parse_lines
 
 __all__ = [
     "DONE_ROWS_KEPT",
@@ -48,8 +49,6 @@ FOLD_BYTES = 2048
 @dataclass(frozen=True, slots=True)
 class Codecs:
     info: TypeAdapter[ThreadInfo]
-    item: TypeAdapter[StoredItem]
-    items: TypeAdapter[list[StoredItem]]
     calls: TypeAdapter[dict[str, CallRecord]]
     row: TypeAdapter[InboxRow]
 
@@ -59,8 +58,6 @@ def codecs() -> Codecs:
     """The adapters, built on first use: their schemas would cost every ``import dormant``."""
     return Codecs(
         TypeAdapter(ThreadInfo),
-        TypeAdapter(StoredItem),
-        TypeAdapter(list[StoredItem]),
         TypeAdapter(dict[str, CallRecord]),
         TypeAdapter(InboxRow),
     )
@@ -153,9 +150,8 @@ def pack_calls(calls: dict[str, CallRecord]) -> bytes:
 def decode_items(t: StoredThread) -> tuple[list[StoredItem], bytes]:
     """The thread's own items and its item log's window."""
     text, window = t.log.plaintext()
-    # One JSON array decodes in a single call, much faster than one call per line.
-    items = codecs().items.validate_json(b"[" + text.rstrip(b"\n").replace(b"\n", b",") + b"]")
-    return items, window
+    # Undecoded: a slice decodes only the items it reads (``stores/rawitem.py``).
+    return parse_lines(text), window
 
 
 def finish(
@@ -182,7 +178,7 @@ def cool(t: StoredThread) -> None:
         return
     if hot.unsaved:
         new = hot.items[len(hot.items) - hot.unsaved :]
-        t.log.append(b"".join(codecs().item.dump_json(s) + b"\n" for s in new))
+        t.log.append(b"".join(map(item_line, new)))
     if len(t.log.tail) >= FOLD_BYTES:
         t.log.fold(hot.window)
     if hot.dirty:
