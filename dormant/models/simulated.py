@@ -26,6 +26,7 @@ from typing import Any
 
 from dormant.messages import EventShown, Item, ToolCall, ToolResult, Usage, UserText
 from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.stores.rawitem import ItemsView, item_kind, text_chars
 
 __all__ = ["SimulatedModel", "simulated_text"]
 
@@ -122,6 +123,9 @@ class SimulatedModel:
 
 def _measure(items: Sequence[Item]) -> tuple[int, int]:
     """How many items are user text, and the characters of text in all of them."""
+    if isinstance(items, ItemsView):  # a slice's request: read the stored JSON, undecoded
+        kinds = [item_kind(stored) for stored in items.stored]
+        return kinds.count("user"), sum(map(text_chars, items.stored))
     users = chars = 0
     for item in items:  # by exact type: cheaper than isinstance on a union, per item
         kind = type(item)

@@ -20,6 +20,7 @@ from dormant.runtime.deps import SliceDeps
 from dormant.runtime.outcomes import Failed
 from dormant.runtime.quarantine import REQUEST_STATUSES, history_bytes
 from dormant.stores.base import InboxRow, Snapshot, StoredItem, ThreadStatus
+from dormant.stores.rawitem import RawStoredItem
 
 __all__ = [
     "check_deadline",
@@ -128,7 +129,11 @@ def history_bytes_bound(items: list[StoredItem]) -> int:
     """
     chars = 0
     frames = 0
+    exact = 0
     for stored in items:
+        if type(stored) is RawStoredItem:  # its JSON as stored: the exact size, undecoded
+            exact += len(stored.raw)
+            continue
         item = stored.item
         kind = type(item)  # by exact type: cheaper than isinstance, per item
         if kind is AssistantTurn:
@@ -146,4 +151,4 @@ def history_bytes_bound(items: list[StoredItem]) -> int:
             frames += 1
         else:  # an item kind this bound does not know: its exact size
             chars += history_bytes([stored])
-    return _ESCAPED * chars + _FRAME * (frames + len(items))
+    return exact + _ESCAPED * chars + _FRAME * (frames + len(items))

@@ -95,6 +95,7 @@ from dormant.stores.base import (
 )
 from dormant.stores.closing import close_calls
 from dormant.stores.lineage import compacted
+from dormant.stores.rawitem import ItemsView
 from dormant.tools.builtins import (
     BuiltinContext,
 )
@@ -302,7 +303,7 @@ class _Slice:
             request = ModelRequest(
                 self.thread_id,
                 instructions,
-                tuple(s.item for s in visible),
+                ItemsView(visible),  # decoded only where the model reads an item
                 agent.specs(snap.thread, applied.calls.values()),
                 meter.settings(agent.model_settings),
             )

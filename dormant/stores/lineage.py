@@ -14,6 +14,7 @@ from typing import Protocol
 
 from dormant.messages import Summary
 from dormant.stores.base import StoredItem, ThreadInfo
+from dormant.stores.rawitem import item_kind
 
 __all__ = ["OwnItems", "full_history", "next_seq", "visible_history"]
 
@@ -68,16 +69,17 @@ def next_seq(thread: ThreadInfo, visible: list[StoredItem]) -> int:
 
 def compacted(raw: list[StoredItem]) -> list[StoredItem]:
     """``raw`` as the model sees it: the latest summary first, then what it does not cover."""
-    last = next((s for s in reversed(raw) if isinstance(s.item, Summary)), None)
+    # By kind: a raw item (``stores/rawitem.py``) tells its kind without being decoded.
+    last = next((s for s in reversed(raw) if item_kind(s) == "summary"), None)
     if last is None:
         return raw
     upto = last.item.upto_seq  # type: ignore[union-attr]
-    rest = [s for s in raw if s.seq > upto and not isinstance(s.item, Summary)]
+    rest = [s for s in raw if s.seq > upto and item_kind(s) != "summary"]
     return [last, *rest]
 
 
 def _last_summary(items: list[StoredItem]) -> Summary | None:
     for stored in reversed(items):
-        if isinstance(stored.item, Summary):
-            return stored.item
+        if item_kind(stored) == "summary":
+            return stored.item  # type: ignore[return-value]
     return None

@@ -23,7 +23,7 @@ from dormant.stores.base import (
 )
 from dormant.stores.memory.blob import pack_lines, unpack_lines
 from dormant.stores.memory.ledger import MemoryLedger
-from dormant.stores.memory.thread import StoredThread, codecs, info_of, update
+from dormant.stores.memory.thread import StoredThread, codecs, framings, info_of, update
 
 __all__ = ["MemoryRetention"]
 
@@ -97,7 +97,7 @@ class MemoryRetention:
             finished = 0
             for t in self._threads.values():
                 kept: list[bytes] = []
-                lines = t.hot.done if t.hot is not None else unpack_lines(t.done)
+                lines = t.hot.done if t.hot is not None else unpack_lines(t.done, framings().rows)
                 for line in lines:
                     room = dry_run or finished < limit
                     if room and codecs().row.validate_json(line).created_at < older_than:
@@ -111,7 +111,7 @@ class MemoryRetention:
                     t.hot.done = kept
                     t.hot.dirty = True
                 else:
-                    t.done = pack_lines(kept)
+                    t.done = pack_lines(kept, framings().rows)
             # Ran outbox rows and fired timers are not kept in memory at all.
             return PruneCounts(threads=sum(len(tree) for tree in trees), inbox=finished)
 

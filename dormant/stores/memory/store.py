@@ -1,11 +1,11 @@
 """The in-memory store: the whole ``Store`` contract in one process, no server.
 
 An idle thread is kept compact, as bytes, not object graphs, so a hundred thousand idle
-agents cost little more than their compressed text: its info as JSON, its items as
-compressed JSON lines (``blob.ItemLog``), its calls and its last finished inbox
-rows zlib-compressed, and the ids it has seen as 8-byte digests. Finished inbox rows are
-kept only for the last ``thread.DONE_ROWS_KEPT`` per thread; the dedup set keeps
-every id.
+agents cost little more than their compressed text: its items as compressed lines of JSON
+(``blob.ItemLog``, read back undecoded: ``stores/rawitem.py``); its info, calls and last
+finished inbox rows as JSON packed with a preset dictionary of their framing
+(``blob.pack``); the ids it has seen as 8-byte digests. Finished inbox rows are kept only
+for the last ``thread.DONE_ROWS_KEPT`` per thread; the dedup set keeps every id.
 
 A thread in use is "hot": decoded once into objects that slices read and commits
 update, and written back to bytes when it cools. A thread cools when a commit leaves it
@@ -59,6 +59,7 @@ from dormant.stores.memory.blob import unpack_lines
 from dormant.stores.memory.closing import MemoryClosing
 from dormant.stores.memory.ledger import MemoryLedger
 from dormant.stores.memory.retention import MemoryRetention, _waiting
+from dormant.stores.rawitem import item_line
 
 __all__ = ["MemoryStore"]
 
@@ -102,8 +103,8 @@ class MemoryStore(MemoryClosing, MemoryRetention):
                 root_id=thread.root_id or thread.id,
                 metadata=dict(thread.metadata),
             )
-            t = stored.StoredThread(info=stored.codecs().info.dump_json(info))
-            t.log.append(b"".join(stored.codecs().item.dump_json(s) + b"\n" for s in thread.items))
+            t = stored.StoredThread(info=stored.pack_info(info))
+            t.log.append(b"".join(map(item_line, thread.items)))
             if thread.calls:
                 t.calls = stored.pack_calls({c.call_id: c for c in thread.calls})
             for message_id, message, priority in thread.messages:
@@ -353,7 +354,10 @@ class MemoryStore(MemoryClosing, MemoryRetention):
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
         with self._lock:
             t = self._get(thread_id)
-            lines = t.hot.done if t.hot is not None else unpack_lines(t.done)
+            if t.hot is not None:
+                lines = t.hot.done
+            else:
+                lines = unpack_lines(t.done, stored.framings().rows)
             rows = [stored.codecs().row.validate_json(line) for line in lines]
             rows += self._open.get(thread_id, {}).values()
         rows.sort(key=lambda r: r.id)

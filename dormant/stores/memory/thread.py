@@ -8,20 +8,30 @@ never has to know which one it holds.
 from __future__ import annotations
 
 import functools
-import zlib
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import TypeAdapter
 
-from dormant.stores.base import CallRecord, InboxRow, InboxState, StoredItem, ThreadInfo
-from dormant.stores.memory.blob import ItemLog, SeenIds, pack_lines, unpack_lines
+from dormant.messages import ToolResultMessage, UserMessage
+from dormant.stores.base import (
+    CallRecord,
+    CallState,
+    InboxRow,
+    InboxState,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+)
+from dormant.stores.memory.blob import ItemLog, SeenIds, pack, pack_lines, unpack, unpack_lines
+from dormant.stores.rawitem import item_line, parse_lines
 
 __all__ = [
     "DONE_ROWS_KEPT",
     "FOLD_BYTES",
     "Codecs",
+    "Framings",
     "Hot",
     "StoredThread",
     "add_to_tree",
@@ -30,10 +40,12 @@ __all__ = [
     "cool",
     "decode_items",
     "finish",
+    "framings",
     "heat",
     "info_of",
     "now",
     "pack_calls",
+    "pack_info",
     "set_calls",
     "update",
 ]
@@ -48,8 +60,6 @@ FOLD_BYTES = 2048
 @dataclass(frozen=True, slots=True)
 class Codecs:
     info: TypeAdapter[ThreadInfo]
-    item: TypeAdapter[StoredItem]
-    items: TypeAdapter[list[StoredItem]]
     calls: TypeAdapter[dict[str, CallRecord]]
     row: TypeAdapter[InboxRow]
 
@@ -59,10 +69,34 @@ def codecs() -> Codecs:
     """The adapters, built on first use: their schemas would cost every ``import dormant``."""
     return Codecs(
         TypeAdapter(ThreadInfo),
-        TypeAdapter(StoredItem),
-        TypeAdapter(list[StoredItem]),
         TypeAdapter(dict[str, CallRecord]),
         TypeAdapter(InboxRow),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Framings:
+    """Preset dictionaries of the small records (``blob.pack``): each one's JSON framing."""
+
+    info: bytes
+    calls: bytes
+    rows: bytes
+
+
+@functools.cache
+def framings() -> Framings:
+    """Empty records dumped as JSON, built on first use: only keys and fixed values, no
+    thread's text; the timestamps are this process's start (the store lives no longer),
+    so the dates of its records match them up to the minute."""
+    c, at = codecs(), now().replace(second=0, microsecond=0)
+    info = ThreadInfo("", "", ThreadStatus.IDLE, 0, created_at=at, updated_at=at)
+    call = CallRecord("", "", {}, 0, CallState.ANSWERED)
+    text = InboxRow(0, "", "", UserMessage(text=""), 8, InboxState.DONE, at)
+    result = replace(text, message=ToolResultMessage(call_id="", content=""), priority=4)
+    return Framings(
+        c.info.dump_json(info),
+        c.calls.dump_json({"": call}),
+        c.row.dump_json(result) + b"\n" + c.row.dump_json(text),
     )
 
 
@@ -89,13 +123,14 @@ class Hot:
 @dataclass(slots=True, eq=False)
 class StoredThread:
     info: bytes
+    """``ThreadInfo`` as JSON, packed (``blob.pack``)."""
     log: ItemLog = field(default_factory=ItemLog)
     calls: bytes = b""
-    """The calls index, zlib-compressed JSON (empty: no calls)."""
+    """The calls index, packed JSON (empty: no calls)."""
     ids: SeenIds = field(default_factory=SeenIds)
     """Every inbox message id ever accepted: the durable dedup set."""
     done: bytes = b""
-    """The last finished inbox rows, compressed JSON lines."""
+    """The last finished inbox rows, packed JSON lines."""
     hot: Hot | None = None
 
     def seen(self, message_id: str) -> bool:
@@ -106,7 +141,9 @@ class StoredThread:
 
 
 def info_of(t: StoredThread) -> ThreadInfo:
-    return t.hot.info if t.hot is not None else codecs().info.validate_json(t.info)
+    if t.hot is not None:
+        return t.hot.info
+    return codecs().info.validate_json(unpack(t.info, framings().info))
 
 
 def update(t: StoredThread, **changes: Any) -> ThreadInfo:
@@ -116,7 +153,7 @@ def update(t: StoredThread, **changes: Any) -> ThreadInfo:
         t.hot.info = info
         t.hot.dirty = True
     else:
-        t.info = codecs().info.dump_json(info)
+        t.info = pack_info(info)
     return info
 
 
@@ -128,14 +165,14 @@ def add_to_tree(t: StoredThread, tokens: int, cost: float) -> None:
         t.hot.info = info
         t.hot.dirty = True
     else:
-        t.info = codecs().info.dump_json(info)
+        t.info = pack_info(info)
 
 
 def calls_of(t: StoredThread) -> dict[str, CallRecord]:
     """The calls index; a hot thread's own dict (changes to it are kept)."""
     if t.hot is not None:
         return t.hot.calls
-    return codecs().calls.validate_json(zlib.decompress(t.calls)) if t.calls else {}
+    return codecs().calls.validate_json(unpack(t.calls, framings().calls)) if t.calls else {}
 
 
 def set_calls(t: StoredThread, calls: dict[str, CallRecord]) -> None:
@@ -147,15 +184,18 @@ def set_calls(t: StoredThread, calls: dict[str, CallRecord]) -> None:
 
 
 def pack_calls(calls: dict[str, CallRecord]) -> bytes:
-    return zlib.compress(codecs().calls.dump_json(calls), 1) if calls else b""
+    return pack(codecs().calls.dump_json(calls), framings().calls) if calls else b""
+
+
+def pack_info(info: ThreadInfo) -> bytes:
+    return pack(codecs().info.dump_json(info), framings().info)
 
 
 def decode_items(t: StoredThread) -> tuple[list[StoredItem], bytes]:
     """The thread's own items and its item log's window."""
     text, window = t.log.plaintext()
-    # One JSON array decodes in a single call, much faster than one call per line.
-    items = codecs().items.validate_json(b"[" + text.rstrip(b"\n").replace(b"\n", b",") + b"]")
-    return items, window
+    # Undecoded: a slice decodes only the items it reads (``stores/rawitem.py``).
+    return parse_lines(text), window
 
 
 def finish(
@@ -171,7 +211,7 @@ def finish(
 def heat(t: StoredThread) -> Hot:
     """Decode the thread for use (its bytes stay as they are until it cools)."""
     items, window = decode_items(t)
-    t.hot = Hot(info_of(t), items, calls_of(t), unpack_lines(t.done), window)
+    t.hot = Hot(info_of(t), items, calls_of(t), unpack_lines(t.done, framings().rows), window)
     return t.hot
 
 
@@ -182,11 +222,11 @@ def cool(t: StoredThread) -> None:
         return
     if hot.unsaved:
         new = hot.items[len(hot.items) - hot.unsaved :]
-        t.log.append(b"".join(codecs().item.dump_json(s) + b"\n" for s in new))
+        t.log.append(b"".join(map(item_line, new)))
     if len(t.log.tail) >= FOLD_BYTES:
         t.log.fold(hot.window)
     if hot.dirty:
-        t.info = codecs().info.dump_json(hot.info)
+        t.info = pack_info(hot.info)
         t.calls = pack_calls(hot.calls)
-        t.done = pack_lines(hot.done)
+        t.done = pack_lines(hot.done, framings().rows)
     t.hot = None
