@@ -62,6 +62,8 @@ CARRIED_CLAIM: ContextVar[CarriedClaim | None] = ContextVar("dormant_carried_cla
 
 
 class Channel(kombu_redis.Channel):
+    _publisher_client: Any = None
+
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         """Push ``message``; with a claim carried, only if the claim admits it, in one
         script. The script is sent by ``EVAL``, whose keys the transport's prefixing
@@ -73,9 +75,15 @@ class Channel(kombu_redis.Channel):
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[no-untyped-call]
         key = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[no-untyped-call]
         args = (claim.priority, claim.ttl_ms, dumps(message))  # type: ignore[no-untyped-call]
-        with self.conn_or_acquire() as client:
-            pushed = client.eval(_CLAIM_AND_PUSH, 2, key, claim.mark_key, *args)
+        pushed = self._publisher().eval(_CLAIM_AND_PUSH, 2, key, claim.mark_key, *args)
         claim.admitted = bool(pushed)
+
+    def _publisher(self) -> Any:
+        """A client on the channel's pool, built once: kombu builds one per publish
+        (``conn_or_acquire``), which cost more CPU than the publish's own round trip."""
+        if self._publisher_client is None:
+            self._publisher_client = self._create_client()  # type: ignore[no-untyped-call]
+        return self._publisher_client
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:
