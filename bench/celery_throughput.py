@@ -13,7 +13,9 @@ worker``; the harness is ``bench/celery_bench.py``. Every dormant figure is coun
 commit is visible in PostgreSQL (the assistant rows), never inside the model call.
 
 1. Throughput, 1 and 2 worker processes (``-c 8`` each): no-op tasks/s, then dormant
-   slices/s over threads started with ``Client.launch`` (each one streamed completion).
+   slices/s over threads started with ``Client.launch`` (each one streamed completion),
+   then over one ``Client.send`` to each of them; and how many ``send_task`` and
+   ``Client.send`` calls a single sender makes a second while the workers run.
 2. Wake latency on 1 worker: ``Client.deliver`` to the model call starting, against
    ``send_task`` of a no-op to it starting; alone (low load) and under a background load
    at ~80% of the throughput measured in 1.
@@ -65,21 +67,35 @@ def warm_up(bench: Bench) -> dict[str, float]:
 
 
 def throughput(bench: Bench, tag: str, count: int) -> dict[str, float]:
-    """No-op tasks/s, then slices/s of ``count`` launched threads, on the running workers."""
+    """No-op tasks/s, then slices/s of ``count`` launched threads, then of one ``Client.send``
+    to each of them, on the running workers. Each loop is also timed alone: how many
+    ``send_task`` and ``Client.send`` calls one sender makes a second while the workers run."""
     bench.redis.set(bench.key("done"), 0)
     started = time.monotonic()
     for _ in range(count):
         bench.noop()
+    noop_sender_per_s = count / (time.monotonic() - started)
     noop_per_s = count / (bench.wait(bench.done, count) - started)
     prefix = f"{tag}_"
     started = time.monotonic()
     for i in range(count):
         bench.client.launch("chat", f"hello {i}", thread_id=f"{prefix}{i}")
     slices_per_s = count / (bench.wait(lambda: bench.committed(prefix), count) - started)
+    started = time.monotonic()
+    for i in range(count):
+        bench.client.send(f"{prefix}{i}", f"and again {i}")
+    send_sender_per_s = count / (time.monotonic() - started)
+    sent_slices_at = bench.wait(lambda: bench.committed(prefix), 2 * count)
+    send_slices_per_s = count / (sent_slices_at - started)
     return {
         "noop_per_s": noop_per_s,
         "slices_per_s": slices_per_s,
         "ratio": slices_per_s / noop_per_s,
+        "send_slices_per_s": send_slices_per_s,
+        "send_ratio": send_slices_per_s / noop_per_s,
+        "noop_sender_per_s": noop_sender_per_s,
+        "send_sender_per_s": send_sender_per_s,
+        "sender_ratio": send_sender_per_s / noop_sender_per_s,
     }
 
 
@@ -336,10 +352,22 @@ def report(results: dict[str, Any]) -> None:
         table.add_column(column, justify="right")
     for workers, tp in results.get("throughput", {}).items():
         table.add_row(
-            f"tasks/s, {workers} worker(s)",
+            f"tasks/s, {workers} worker(s), from launch",
             f"{tp['slices_per_s']:.1f} slices",
             f"{tp['noop_per_s']:.1f} no-ops",
             f"{tp['ratio']:.2f}",
+        )
+        table.add_row(
+            f"tasks/s, {workers} worker(s), from send",
+            f"{tp['send_slices_per_s']:.1f} slices",
+            f"{tp['noop_per_s']:.1f} no-ops",
+            f"{tp['send_ratio']:.2f}",
+        )
+        table.add_row(
+            f"one sender's calls/s, {workers} worker(s)",
+            f"{tp['send_sender_per_s']:.0f} Client.send",
+            f"{tp['noop_sender_per_s']:.0f} send_task",
+            f"{tp['sender_ratio']:.2f}",
         )
     for load, figures in results.get("latency", {}).items():
         for q in ("p50_ms", "p99_ms"):

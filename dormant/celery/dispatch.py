@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from dormant.celery.broker import CARRIED_CLAIM, TRANSPORT, CarriedClaim
 from dormant.celery.config import (
     BROKER_SOCKET_TIMEOUT_S,
     QUEUE_BACKGROUND,
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from dormant.settings import Settings
     from dormant.stores.redis import RedisWakeMarks
 
-__all__ = ["CeleryDispatcher", "client_dispatcher"]
+__all__ = ["CeleryDispatcher", "carries_claims", "client_dispatcher"]
 
 
 class CeleryDispatcher:
@@ -49,11 +50,17 @@ class CeleryDispatcher:
         self._marks = marks
         self._labels = labels
         """Agent and tool names this process has seen: Flower's names for the tasks."""
+        self._carry = marks is not None and carries_claims(celery_app, marks)
+        """The marks live on the broker's Redis: a wake's claim rides in its publish."""
 
     def wake(self, thread_id: str, priority: int) -> bool:
-        if self._marks is not None and not self._marks.claim(thread_id, priority):
+        claim: CarriedClaim | None = None
+        if self._carry and self._marks is not None:
+            claim = CarriedClaim(self._marks.key(thread_id), int(priority), self._marks.ttl_ms)
+        elif self._marks is not None and not self._marks.claim(thread_id, priority):
             return False
         queue = QUEUE_INTERACTIVE if priority >= Priority.INTERACTIVE else QUEUE_BACKGROUND
+        carried = CARRIED_CLAIM.set(claim)
         try:
             shadow = self._labels.slice_name(SLICE_TASK, thread_id) if self._labels else None
             self._send(SLICE_TASK, {"thread_id": thread_id}, queue, priority, shadow)
@@ -61,7 +68,9 @@ class CeleryDispatcher:
             if self._marks is not None:
                 self._marks.clear(thread_id)  # the next wake must not be suppressed
             raise
-        return True
+        finally:
+            CARRIED_CLAIM.reset(carried)
+        return claim is None or claim.admitted is not False
 
     def close_broker(self) -> None:
         """Close the app's broker connections: for the ``ProducerApp`` of
@@ -99,6 +108,25 @@ class CeleryDispatcher:
             shadow=shadow,  # Flower's and the log's name: dormant.slice[triage]
             confirm_timeout=BROKER_SOCKET_TIMEOUT_S,  # RabbitMQ: a stalled broker's confirm
         )
+
+
+def carries_claims(celery_app: Celery, marks: RedisWakeMarks) -> bool:
+    """Whether ``celery_app`` publishes through ``broker.Transport`` to the Redis server
+    and database of ``marks``, so that a claim can ride in the publish (``CarriedClaim``).
+    Anything else (RabbitMQ, another Redis, another transport) claims first, then sends."""
+    from redis.connection import parse_url
+
+    conf = celery_app.conf
+    url = str(conf.broker_url or "")
+    transport = getattr(conf, "broker_transport", None)
+    if transport != TRANSPORT or not url.startswith("redis://") or ";" in url:
+        return False
+    try:
+        broker = parse_url(url)  # type: ignore[no-untyped-call]
+    except ValueError:
+        return False
+    where = tuple(broker.get(name) for name in ("host", "port", "path", "db"))
+    return where == marks.server()
 
 
 def client_dispatcher(

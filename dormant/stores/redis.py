@@ -306,6 +306,16 @@ class RedisWakeMarks:
     def key(self, thread_id: str) -> str:
         return f"{self._prefix}:queued:{thread_id}"
 
+    @property
+    def ttl_ms(self) -> int:
+        return _ms(self._ttl_s)
+
+    def server(self) -> tuple[object, ...]:
+        """Where the marks live (host, port, unix socket, database): a broker on the same
+        server and database can make the claim in the publish itself (``CarriedClaim``)."""
+        found = self._client.connection_pool.connection_kwargs
+        return tuple(found.get(name) for name in ("host", "port", "path", "db"))
+
     def claim(self, thread_id: str, priority: int) -> bool:
         """Whether this wake must be sent: no wake of ``priority`` or higher is queued."""
         try:

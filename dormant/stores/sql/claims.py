@@ -1,4 +1,4 @@
-"""The SQL store's outbox recovery: rows stranded before dispatch, and tool-run claims.
+"""The SQL store's claims: outbox rows stranded before dispatch, tool runs, due timers.
 
 ``SQLClaims`` is mixed into ``SQLStore`` (as ``SQLRetention`` is): each method is one short
 transaction of the store's own (``_tx``). A running tool task holds its row with a claim
@@ -14,9 +14,13 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Connection, and_, or_, select, update
 
-from dormant.stores.base import OutboxRow
+from dormant.messages import InboundAdapter
+from dormant.stores.base import InboxRow, OutboxRow, Priority
+from dormant.stores.sql import statements as rows
+from dormant.stores.sql.direct import run
 from dormant.stores.sql.engine import retry_busy
-from dormant.stores.sql.rows import outbox_row
+from dormant.stores.sql.prepared import prepared
+from dormant.stores.sql.rows import inbox_values, outbox_row
 from dormant.stores.sql.tables import Schema, as_utc
 
 __all__ = ["SQLClaims"]
@@ -121,3 +125,22 @@ class SQLClaims:
                 .values(claimed_until=None, dispatched_at=as_utc(now))
             )
             return taken.rowcount == 1
+
+    @retry_busy
+    def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
+        """Claim due timers and queue their messages, atomically per claim."""
+        now = as_utc(now)
+        fired: list[InboxRow] = []
+        with self._tx(write=True, direct=True) as conn:
+            due = run(conn, prepared(conn).due_timers, {"now": now, "limit": limit})
+            for timer in due.rows:
+                if not rows.claim_timer(conn, timer["id"], now):
+                    continue
+                message = InboundAdapter.validate_python(timer["message"])
+                values = inbox_values(
+                    timer["thread_id"], timer["message_id"], message, Priority.BACKGROUND, now
+                )
+                row = rows.insert_inbox_ignoring_duplicates(conn, values)
+                if row is not None:
+                    fired.append(row)
+        return fired

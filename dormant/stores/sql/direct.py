@@ -167,12 +167,20 @@ class DirectConnection:
 
 @contextmanager
 def direct_transaction(
-    engine: Engine, options: dict[str, Any], *, begin: str | None, snapshot: bool
+    engine: Engine,
+    options: dict[str, Any],
+    *,
+    begin: str | None,
+    snapshot: bool,
+    alone: bool = False,
 ) -> Iterator[Any]:
     """One transaction on a pooled driver connection: SQLite's begins with ``BEGIN
     {begin}`` (the engine's connections are in autocommit mode, ``engine.py``);
     PostgreSQL's implicitly, at REPEATABLE READ with ``snapshot``. Committed on success,
-    rolled back on any error; driver errors come out as ``sqlalchemy.exc`` errors."""
+    rolled back on any error; driver errors come out as ``sqlalchemy.exc`` errors.
+
+    ``alone`` (PostgreSQL): the body runs one statement, which is its own transaction
+    (autocommit): one round trip, where ``BEGIN``, the statement and ``COMMIT`` are three."""
     dialect = engine.dialect
     dbapi_error = dialect.loaded_dbapi.Error
     try:
@@ -182,9 +190,12 @@ def direct_transaction(
     raw = fairy.dbapi_connection
     postgres = dialect.name == "postgresql"
     isolated = postgres and snapshot
+    alone = postgres and alone
     try:
         try:
-            if begin is not None:
+            if alone:
+                raw.autocommit = True  # type: ignore[union-attr]
+            elif begin is not None:
                 raw.execute(f"BEGIN {begin}")  # type: ignore[union-attr]
             elif isolated:
                 raw.isolation_level = _repeatable_read()  # type: ignore[union-attr]
@@ -202,8 +213,11 @@ def direct_transaction(
                 raise DBAPIError.instance(None, None, exc, dbapi_error, dialect=dialect) from exc
             raise
         finally:
-            if isolated and fairy.dbapi_connection is not None:
-                raw.isolation_level = None  # type: ignore[union-attr]
+            if (isolated or alone) and fairy.dbapi_connection is not None:
+                if isolated:
+                    raw.isolation_level = None  # type: ignore[union-attr]
+                if alone and not raw.closed:  # type: ignore[union-attr]
+                    raw.autocommit = False  # type: ignore[union-attr]
     finally:
         fairy.close()
 

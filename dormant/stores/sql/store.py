@@ -26,7 +26,7 @@ from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
 from dormant.errors import DuplicateMessage, UnknownCall, UnknownThread
-from dormant.messages import Inbound, InboundAdapter
+from dormant.messages import Inbound
 from dormant.stores.base import (
     CallRecord,
     Commit,
@@ -35,7 +35,6 @@ from dormant.stores.base import (
     NewThread,
     NewTimer,
     OutboxRow,
-    Priority,
     Snapshot,
     Spend,
     StoredItem,
@@ -59,6 +58,7 @@ from dormant.stores.sql.rows import (
     is_unique_violation,
     thread_info,
 )
+from dormant.stores.sql.sends import insert_checked
 from dormant.stores.sql.tables import as_utc, schema
 
 if TYPE_CHECKING:
@@ -299,6 +299,12 @@ class SQLStore(SQLRetention, SQLClaims):
     ) -> InboxRow:
         values = inbox_values(thread_id, message_id, message, priority, _now())
         try:
+            if self._postgres and self._caller is None:  # one round trip: sends.py
+                found = insert_checked(
+                    self._engine, self._schema, values, message, max_open, answered_ok
+                )
+                if found is not None:
+                    return inbox_row(found)
             with self._tx(write=True, direct=True) as conn:
                 rows.check_inbound(conn, thread_id, message_id, message, answered_ok=answered_ok)
                 check_room(conn, thread_id, message_id, max_open)
@@ -431,25 +437,6 @@ class SQLStore(SQLRetention, SQLClaims):
             run_many(conn, stmt, [{"row_id": i, "now": now} for i in outbox_ids])
 
     # sweeper -------------------------------------------------------------------------
-
-    @retry_busy
-    def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
-        """Claim due timers and queue their messages, atomically per claim."""
-        now = as_utc(now)
-        fired: list[InboxRow] = []
-        with self._tx(write=True, direct=True) as conn:
-            due = run(conn, prepared(conn).due_timers, {"now": now, "limit": limit})
-            for timer in due.rows:
-                if not rows.claim_timer(conn, timer["id"], now):
-                    continue
-                message = InboundAdapter.validate_python(timer["message"])
-                values = inbox_values(
-                    timer["thread_id"], timer["message_id"], message, Priority.BACKGROUND, now
-                )
-                row = rows.insert_inbox_ignoring_duplicates(conn, values)
-                if row is not None:
-                    fired.append(row)
-        return fired
 
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads with rows no slice has looked at, the longest-waiting first; stalled
