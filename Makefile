@@ -26,8 +26,8 @@ lint: $(VENV)/.synced
 types: $(VENV)/.synced
 	$(BIN)/mypy
 
-# The suite runs in PYTEST_WORKERS pytest-xdist processes: most of it waits on Celery workers,
-# Redis and PostgreSQL, so more processes than cores pay. Tests that must not overlap share an
+# The suite runs in PYTEST_WORKERS pytest-xdist processes (most of it waits on Celery workers,
+# Redis and PostgreSQL rather than computing). Tests that must not overlap share an
 # xdist_group (one worker runs them in turn). PYTEST_WORKERS=0, or PYTEST_ARGS="-n 0" or
 # "-p no:xdist", runs everything in one process.
 PYTEST_WORKERS ?= 4
