@@ -26,8 +26,15 @@ lint: $(VENV)/.synced
 types: $(VENV)/.synced
 	$(BIN)/mypy
 
+# The suite runs in PYTEST_WORKERS pytest-xdist processes (most of it waits on Celery workers,
+# Redis and PostgreSQL rather than computing). Tests that must not overlap share an
+# xdist_group (one worker runs them in turn). PYTEST_WORKERS=0, or PYTEST_ARGS="-n 0" or
+# "-p no:xdist", runs everything in one process.
+PYTEST_WORKERS ?= 4
+PYTEST_XDIST = $(if $(findstring no:xdist,$(PYTEST_ARGS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+
 unit: $(VENV)/.synced
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_ARGS)
 
 # The chaos run (docs/guarantees.md): 500 agents on 3 workers and beat, with its own Redis
 # and PostgreSQL cluster, under 245 seeded faults of 7 kinds; exits 1 on any broken promise.

@@ -46,6 +46,9 @@ ROOT = HERE.parent.parent
 REDIS_URL = os.environ.get("DORMANT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FLUSH_REDIS_DB = int(os.environ.get("DORMANT_TEST_FLUSH_REDIS_DB", "7"))
 """A Redis database the flush test may FLUSHDB (only if it holds nothing but this run's keys)."""
+FLUSH_GROUP = "redis_flush_db"
+"""The ``xdist_group`` of the tests that flush ``FLUSH_REDIS_DB``: ``make unit`` runs a group's
+tests one after another in one pytest-xdist worker, so one never flushes the other's keys."""
 FLUSH_REDIS_URL = f"{REDIS_URL.rsplit('/', 1)[0]}/{FLUSH_REDIS_DB}"
 AMQP_URL = os.environ.get("DORMANT_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
 """RabbitMQ, without a virtual host: each session adds its own with ``rabbitmqctl``."""
