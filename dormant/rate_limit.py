@@ -30,10 +30,21 @@ class RateLimit:
     A request's tokens are estimated before the call (a quarter of the request's
     characters, plus its ``max_tokens`` or else ``output_tokens``) and corrected by the
     completion's usage after. Models naming the same ``bucket`` share it (several models
-    on one key); by default the bucket is the model's name and base URL. Background work
-    leaves ``reserve`` of each limit to slices woken by user text (at least one request,
-    and one concurrent call of two or more), so a user's message is admitted at once even
-    while a burst of background threads queues.
+    on one key); by default the bucket is the model's name and base URL.
+
+    Background work leaves ``reserve`` of each limit to slices woken by user text, in two
+    ways: it never spends the last ``reserve`` of the bucket (at least one request, and one
+    concurrent call of two or more), so a user's message is admitted at once even while a
+    burst of background threads queues; and it runs at ``1 - reserve`` of the rate (each
+    background call costs ``1 / (1 - reserve)``), so the provider's own limit, which dormant
+    cannot see, has room for that message too, instead of being spent to the last request.
+
+    The bucket holds the reserve plus ``burst_s`` seconds' worth of each limit (at least one
+    request): providers enforce a minute's limit over shorter periods (OpenAI and
+    Anthropic say so), and a provider that counts any 60 s window answers a fleet that
+    spent a full minute's bucket at once, then the rate, with 429s that say "wait up to a
+    minute". A small burst costs no throughput: the bucket refills at the full rate.
+    ``burst_s=60`` gives the classic full-minute bucket.
     """
 
     rpm: float | None = None
@@ -43,6 +54,8 @@ class RateLimit:
     reserve: float = 0.05
     output_tokens: int = 512
     """Expected output tokens of a request that sets no ``max_tokens``."""
+    burst_s: float = 2.0
+    """How many seconds' worth of each limit the bucket holds beyond the reserve."""
 
     def __post_init__(self) -> None:
         for name in ("rpm", "tpm", "concurrency"):
@@ -53,6 +66,8 @@ class RateLimit:
             raise ConfigurationError(f"RateLimit.reserve must be in [0, 1), not {self.reserve!r}")
         if self.output_tokens < 0:
             raise ConfigurationError("RateLimit.output_tokens must not be negative")
+        if not 0 < self.burst_s <= 60:
+            raise ConfigurationError(f"RateLimit.burst_s must be in (0, 60], not {self.burst_s!r}")
 
     @classmethod
     def from_mapping(cls, where: str, raw: object) -> RateLimit:
@@ -71,6 +86,35 @@ class RateLimit:
     @property
     def limited(self) -> bool:
         return self.rpm is not None or self.tpm is not None or self.concurrency is not None
+
+    def cost(self, interactive: bool) -> float:
+        """What one request (and each of its tokens) takes from the bucket: background
+        work pays ``1 / (1 - reserve)``, so it runs at ``1 - reserve`` of the rate."""
+        return 1.0 if interactive else 1 / (1 - self.reserve)
+
+    @property
+    def reserved_requests(self) -> int:
+        """Requests background work leaves in the bucket."""
+        return math.ceil((self.rpm or 0) * self.reserve)
+
+    @property
+    def reserved_tokens(self) -> float:
+        return (self.tpm or 0) * self.reserve
+
+    @property
+    def request_capacity(self) -> float:
+        """The most requests the bucket holds (0: unlimited)."""
+        if not self.rpm:
+            return 0.0
+        return min(self.rpm, self.reserved_requests + max(1.0, self.rpm * self.burst_s / 60))
+
+    @property
+    def token_capacity(self) -> float:
+        """The most tokens the bucket holds (0: unlimited); an ask larger than this is
+        admitted from a full bucket and leaves it in debt, so it is never refused for ever."""
+        if not self.tpm:
+            return 0.0
+        return min(self.tpm, self.reserved_tokens + self.tpm * self.burst_s / 60)
 
 
 @dataclass(frozen=True, slots=True)

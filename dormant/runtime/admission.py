@@ -159,7 +159,8 @@ def complete_admitted(
             limiter.release(bucket, limit, slot)
             raise
         used = completion.usage.total_tokens
-        limiter.release(bucket, limit, slot, estimate - used if used else 0.0, used)
+        correction = (estimate - used) * limit.cost(caller.interactive) if used else 0.0
+        limiter.release(bucket, limit, slot, correction, used)
         return completion
     raise AssertionError("unreachable: model_attempts must be >= 1")
 
