@@ -34,17 +34,13 @@ class RateLimit:
 
     Background work leaves ``reserve`` of each limit to slices woken by user text, in two
     ways: it never spends the last ``reserve`` of the bucket (at least one request, and one
-    concurrent call of two or more), so a user's message is admitted at once even while a
-    burst of background threads queues; and it runs at ``1 - reserve`` of the rate (each
-    background call costs ``1 / (1 - reserve)``), so the provider's own limit, which dormant
-    cannot see, has room for that message too, instead of being spent to the last request.
-
-    The bucket holds the reserve plus ``burst_s`` seconds' worth of each limit (at least one
-    request): providers enforce a minute's limit over shorter periods (OpenAI and
-    Anthropic say so), and a provider that counts any 60 s window answers a fleet that
-    spent a full minute's bucket at once, then the rate, with 429s that say "wait up to a
-    minute". A small burst costs no throughput: the bucket refills at the full rate.
-    ``burst_s=60`` gives the classic full-minute bucket.
+    concurrent call of two or more), so dormant admits a user's message at once even while
+    a burst of background threads queues; and it is paced at ``1 - reserve`` of each rate,
+    in bursts of at most ``burst_s`` seconds' worth, so the provider's own limit, which
+    dormant cannot see, has room for that message too. Pacing also keeps a fleet within a
+    provider that enforces its minute over seconds (OpenAI and Anthropic say they may) or
+    counts any 60 s window: a full minute's bucket spent at once, then the rate, is up to
+    twice the limit in one window, answered with 429s that say "wait up to a minute".
     """
 
     rpm: float | None = None
@@ -54,8 +50,8 @@ class RateLimit:
     reserve: float = 0.05
     output_tokens: int = 512
     """Expected output tokens of a request that sets no ``max_tokens``."""
-    burst_s: float = 2.0
-    """How many seconds' worth of each limit the bucket holds beyond the reserve."""
+    burst_s: float = 3.0
+    """Background calls go at most this many seconds' worth (of the paced rate) at once."""
 
     def __post_init__(self) -> None:
         for name in ("rpm", "tpm", "concurrency"):
@@ -87,34 +83,26 @@ class RateLimit:
     def limited(self) -> bool:
         return self.rpm is not None or self.tpm is not None or self.concurrency is not None
 
-    def cost(self, interactive: bool) -> float:
-        """What one request (and each of its tokens) takes from the bucket: background
-        work pays ``1 / (1 - reserve)``, so it runs at ``1 - reserve`` of the rate."""
-        return 1.0 if interactive else 1 / (1 - self.reserve)
+    @property
+    def paced_share(self) -> float:
+        """The share of each rate background work is paced at."""
+        return 1 - self.reserve
 
     @property
-    def reserved_requests(self) -> int:
-        """Requests background work leaves in the bucket."""
-        return math.ceil((self.rpm or 0) * self.reserve)
-
-    @property
-    def reserved_tokens(self) -> float:
-        return (self.tpm or 0) * self.reserve
-
-    @property
-    def request_capacity(self) -> float:
-        """The most requests the bucket holds (0: unlimited)."""
+    def paced_requests(self) -> float:
+        """The most requests the background pace holds (0: no ``rpm``): at least one."""
         if not self.rpm:
             return 0.0
-        return min(self.rpm, self.reserved_requests + max(1.0, self.rpm * self.burst_s / 60))
+        return max(1.0, self.rpm * self.paced_share * self.burst_s / 60)
 
     @property
-    def token_capacity(self) -> float:
-        """The most tokens the bucket holds (0: unlimited); an ask larger than this is
-        admitted from a full bucket and leaves it in debt, so it is never refused for ever."""
+    def paced_tokens(self) -> float:
+        """The most tokens the background pace holds (0: no ``tpm``). A call is charged
+        the tokens calls have been using, at most this: one larger leaves the pace in
+        debt, so it is never refused for ever."""
         if not self.tpm:
             return 0.0
-        return min(self.tpm, self.reserved_tokens + self.tpm * self.burst_s / 60)
+        return self.tpm * self.paced_share * self.burst_s / 60
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,7 @@ def _ask(slot: str = "s", *, tokens: int = 10, interactive: bool = False, flow: 
 def test_the_memory_bucket_never_admits_more_than_its_rpm_in_a_minute() -> None:
     clock = Clock()
     limiter = MemoryLimiter(clock)
-    limit = RateLimit(rpm=30, reserve=0.0, burst_s=60)  # the classic full-minute bucket
+    limit = RateLimit(rpm=30, reserve=0.0)
     admitted: list[int] = []
 
     def hammer(worker: int) -> None:
@@ -69,11 +69,11 @@ def test_the_memory_bucket_never_admits_more_than_its_rpm_in_a_minute() -> None:
 def test_tokens_are_estimated_before_and_corrected_after() -> None:
     clock = Clock()
     limiter = MemoryLimiter(clock)
-    limit = RateLimit(tpm=1000, reserve=0.0, burst_s=60)
-    assert limiter.acquire("b", limit, _ask("one", tokens=900)) == 0
-    assert limiter.acquire("b", limit, _ask("two", tokens=200)) == pytest.approx(6.0)
+    limit = RateLimit(tpm=1000, reserve=0.0)
+    assert limiter.acquire("b", limit, _ask("one", tokens=900, interactive=True)) == 0
+    assert limiter.acquire("b", limit, _ask("two", tokens=200, interactive=True)) == 6.0
     limiter.release("b", limit, "one", correction_tokens=900 - 300)  # it used 300
-    assert limiter.acquire("b", limit, _ask("two", tokens=200)) == 0
+    assert limiter.acquire("b", limit, _ask("two", tokens=200, interactive=True)) == 0
 
 
 def test_a_concurrency_slot_comes_back_on_release_or_when_its_lease_ends() -> None:
@@ -94,9 +94,7 @@ def test_background_work_leaves_the_reserve_to_user_text() -> None:
     limiter = MemoryLimiter(Clock())
     limit = RateLimit(rpm=100, reserve=0.05, burst_s=60)
     background = [limiter.acquire("b", limit, _ask(f"bg{n}")) for n in range(100)]
-    # 5 requests (a twentieth) are left for user text, and each background call costs
-    # 1 / 0.95 of one: (100 - 5) / (1 / 0.95) rounded down is 90
-    assert background.count(0.0) == 90
+    assert background.count(0.0) == 95  # 5 (a twentieth) left for user text
     users = [limiter.acquire("b", limit, _ask(f"user{n}", interactive=True)) for n in range(6)]
     assert users.count(0.0) == 5
 
@@ -118,15 +116,16 @@ def test_background_work_runs_at_the_rate_less_its_reserve() -> None:
     assert admitted[True] == pytest.approx(600, abs=2)
 
 
-def test_the_bucket_holds_its_reserve_and_two_seconds_worth() -> None:
-    """The default bucket: a provider that counts any 60 s window (or enforces its minute
-    over seconds) never sees a fleet spend a full minute's worth at once, then the rate."""
+def test_background_work_goes_in_bursts_of_three_seconds_worth() -> None:
+    """By default: a provider that counts any 60 s window (or enforces its minute over
+    seconds) never sees a fleet spend a full minute's worth at once, then the rate."""
     clock = Clock()
     limiter = MemoryLimiter(clock)
-    limit = RateLimit(rpm=600, reserve=0.05)  # reserve 30 requests, two seconds' worth 20
-    assert limit.request_capacity == 50
-    at_once = [limiter.acquire("b", limit, _ask(f"u{n}", interactive=True)) for n in range(60)]
-    assert at_once.count(0.0) == 50
+    limit = RateLimit(rpm=600, reserve=0.05)  # paced at 570 a minute: 3 s' worth is 28.5
+    assert limit.paced_requests == pytest.approx(28.5)
+    at_once = [limiter.acquire("b", limit, _ask(f"bg{n}", flow=f"f{n}")) for n in range(50)]
+    assert at_once.count(0.0) == 28
+    assert limiter.acquire("b", limit, _ask("user", interactive=True)) == 0  # not paced
     sent_s: list[float] = []
     for step in range(12_000):  # background alone for two minutes, asking every 10 ms
         clock.now_s += 0.01
@@ -134,19 +133,18 @@ def test_the_bucket_holds_its_reserve_and_two_seconds_worth() -> None:
             sent_s.append(clock.now_s)
     busiest = max(sum(t <= s < t + 60 for s in sent_s) for t in sent_s)
     assert busiest <= 600  # no 60 s window holds more than the minute's limit
-    classic = RateLimit(rpm=600, reserve=0.05, burst_s=60)
-    assert classic.request_capacity == 600
+    assert RateLimit(rpm=600, reserve=0.05, burst_s=60).paced_requests == pytest.approx(570)
 
 
-def test_an_ask_larger_than_the_bucket_is_admitted_from_a_full_one() -> None:
+def test_a_background_call_larger_than_the_pace_is_admitted_from_a_full_one() -> None:
     clock = Clock()
     limiter = MemoryLimiter(clock)
-    limit = RateLimit(tpm=6000, reserve=0.0)  # holds a second's worth: 100 tokens
-    assert limiter.acquire("b", limit, _ask("huge", tokens=3000, interactive=True)) == 0
-    wait_s = limiter.acquire("b", limit, _ask("next", tokens=3000, interactive=True))
-    assert wait_s == pytest.approx(30.0)  # the debt (2,900) and a full bucket (100) again
+    limit = RateLimit(tpm=6000, reserve=0.0)  # the pace holds 3 s' worth: 300 tokens
+    assert limiter.acquire("b", limit, _ask("huge", tokens=3000)) == 0
+    wait_s = limiter.acquire("b", limit, _ask("next", tokens=3000))
+    assert wait_s == pytest.approx(30.0)  # the debt (2,700) and a full pace (300) again
     clock.now_s += wait_s
-    assert limiter.acquire("b", limit, _ask("next", tokens=3000, interactive=True)) == 0
+    assert limiter.acquire("b", limit, _ask("next", tokens=3000)) == 0
 
 
 def test_background_work_leaves_a_concurrency_slot_to_user_text() -> None:

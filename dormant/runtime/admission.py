@@ -159,8 +159,7 @@ def complete_admitted(
             limiter.release(bucket, limit, slot)
             raise
         used = completion.usage.total_tokens
-        correction = (estimate - used) * limit.cost(caller.interactive) if used else 0.0
-        limiter.release(bucket, limit, slot, correction, used)
+        limiter.release(bucket, limit, slot, estimate - used if used else 0.0, used)
         return completion
     raise AssertionError("unreachable: model_attempts must be >= 1")
 

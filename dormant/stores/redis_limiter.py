@@ -9,7 +9,7 @@ holder's reserved place, scored by its time). Time is Redis's own
 (``TIME``), so workers' clocks never disagree. Every key expires on its own once idle.
 
 All of it may be lost: a flushed Redis starts every bucket full with no slot held (the
-limits reset), and SQL still holds every deferred thread's messages and its
+limits reset for a minute), and SQL still holds every deferred thread's messages and its
 "not before" time. Counters live in the hash ``{prefix}:admission``.
 """
 
@@ -36,59 +36,65 @@ __all__ = ["RedisLimiter"]
 log = logging.getLogger("dormant.admission")
 
 # KEYS[1] the bucket's hash, KEYS[2] its slots, KEYS[3] its flows' tails, KEYS[4] the
-# counters, KEYS[5] its holders' places; ARGV[1..8] rpm, tpm, concurrency (0: unlimited),
-# the reserve share, the bucket's capacity in requests and in tokens, and the requests and
-# tokens background work leaves (``RateLimit``'s properties: one formula, in Python);
-# ARGV[9] how long a place is kept after its time (ms). The bucket may hold more than its
-# capacity by what the places already due and not yet claimed will take (``_credit``).
+# counters, KEYS[5] its holders' places; ARGV[1..6] rpm, tpm, concurrency (0: unlimited),
+# the reserve share, and the most requests and tokens the background pace holds
+# (``RateLimit.paced_requests``/``paced_tokens``: one formula, in Python). The pace
+# (``pr``, ``pt``) refills at ``1 - reserve`` of each rate.
 _REFILL = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local conc, reserve = tonumber(ARGV[3]), tonumber(ARGV[4])
-local rcap, tcap = tonumber(ARGV[5]), tonumber(ARGV[6])
-local rkept, tkept = tonumber(ARGV[7]), tonumber(ARGV[8])
-local state = redis.call('HMGET', KEYS[1], 'r', 't', 'at', 'blocked', 'used')
-local r = tonumber(state[1]) or rcap
-local tk = tonumber(state[2]) or tcap
+local prcap, ptcap = tonumber(ARGV[5]), tonumber(ARGV[6])
+local state = redis.call('HMGET', KEYS[1], 'r', 't', 'at', 'blocked', 'used', 'pr', 'pt')
+local r = tonumber(state[1]) or rpm
+local tk = tonumber(state[2]) or tpm
 local at = tonumber(state[3]) or now
 local blocked = tonumber(state[4]) or 0
 local used = tonumber(state[5]) or 0
-local kept = tonumber(ARGV[9])
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - kept)
-local due = redis.call('ZCOUNT', KEYS[5], '-inf', now) / (1 - reserve)
-local rtop, ttop = rcap + due, tcap + due * used
+local pr = tonumber(state[6]) or prcap
+local pt = tonumber(state[7]) or ptcap
 if now > at then
-  if rpm > 0 then r = math.min(rtop, r + (now - at) * rpm / 60000) end
-  if tpm > 0 then tk = math.min(ttop, tk + (now - at) * tpm / 60000) end
+  local paced = (now - at) * (1 - reserve)
+  if rpm > 0 then
+    r = math.min(rpm, r + (now - at) * rpm / 60000)
+    pr = math.min(prcap, pr + paced * rpm / 60000)
+  end
+  if tpm > 0 then
+    tk = math.min(tpm, tk + (now - at) * tpm / 60000)
+    pt = math.min(ptcap, pt + paced * tpm / 60000)
+  end
   at = now
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local function save()
   redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(tk), 'at', tostring(at),
-    'blocked', tostring(blocked), 'used', tostring(used))
+    'blocked', tostring(blocked), 'used', tostring(used), 'pr', tostring(pr),
+    'pt', tostring(pt))
   redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(120000, blocked - now + 60000)))
 end
 """
 
-# ARGV[10..] the estimated tokens, the slot id, its ttl in ms, 1 if interactive, the flow,
-# its weight, the slot poll and the concurrency spacing in ms, the holder and how early it
-# may claim its place (ms). Returns 0 when admitted, else the wait in ms (at least 1).
+# ARGV[7..] the estimated tokens, the slot id, its ttl in ms, 1 if interactive, the flow,
+# its weight, the slot poll and the concurrency spacing in ms, the holder, how early it may
+# claim its place and how long a place is kept (ms). Returns 0 when admitted, else the wait
+# in ms (at least 1).
 _ACQUIRE = (
     _REFILL
     + """
-local tokens, slot, ttl = tonumber(ARGV[10]), ARGV[11], tonumber(ARGV[12])
-local interactive, flow, weight = ARGV[13] == '1', ARGV[14], tonumber(ARGV[15])
-local poll, conc_spacing = tonumber(ARGV[16]), tonumber(ARGV[17])
-local holder, early = ARGV[18], tonumber(ARGV[19])
+local tokens, slot, ttl = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+local interactive, flow, weight = ARGV[10] == '1', ARGV[11], tonumber(ARGV[12])
+local poll, conc_spacing = tonumber(ARGV[13]), tonumber(ARGV[14])
+local holder, early, kept = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
+redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - kept)
 local place = nil
 if holder ~= '' and not interactive then place = tonumber(redis.call('ZSCORE', KEYS[5], holder)) end
 if place and place - now > early then  -- early: it keeps its place
   redis.call('HINCRBY', KEYS[4], 'refused', 1)
   return math.max(1, math.ceil(place - now))
 end
-local share, cost = reserve, 1 / (1 - reserve)  -- RateLimit.cost
-if interactive then share, cost, rkept, tkept = 0, 1, 0, 0 end
+local share = reserve
+if interactive then share = 0 end
 local spaced = tokens
 if used > 0 then spaced = math.min(tokens, used) end
 -- the places due before this ask (before its own place, or by now): it pays after them
@@ -99,13 +105,20 @@ if not interactive then
   ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.3f', before))
 end
 local wait = math.max(0, blocked - now)
+local paced = math.min(spaced, ptcap)  -- a call's tokens as the pace counts them
 if rpm > 0 then
-  local need = math.min(rcap, (1 + ahead) * cost + rkept)
+  local need = math.min(rpm, 1 + math.ceil(rpm * share) + ahead)
   if r < need then wait = math.max(wait, (need - r) * 60000 / rpm) end
+  if not interactive and pr < 1 then
+    wait = math.max(wait, (1 - pr) * 60000 / (rpm * (1 - reserve)))
+  end
 end
 if tpm > 0 then
-  local need = math.min(tcap, (tokens + ahead * spaced) * cost + tkept)
+  local need = math.min(tpm, tokens + tpm * share + ahead * spaced)
   if tk < need then wait = math.max(wait, (need - tk) * 60000 / tpm) end
+  if not interactive and pt < paced then
+    wait = math.max(wait, (paced - pt) * 60000 / (tpm * (1 - reserve)))
+  end
 end
 if conc > 0 then
   local spare = 0
@@ -116,8 +129,9 @@ if conc > 0 then
   end
 end
 if wait < 1 then  -- under a millisecond: admitted (the answer is in whole ms)
-  if rpm > 0 then r = r - cost end
-  if tpm > 0 then tk = tk - tokens * cost end
+  if rpm > 0 then r = r - 1 end
+  if tpm > 0 then tk = tk - tokens end
+  if not interactive then pr, pt = pr - 1, pt - spaced end
   if conc > 0 then
     redis.call('ZADD', KEYS[2], now + ttl, slot)
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl + 60000))
@@ -136,7 +150,7 @@ if not place and not interactive then
   if rpm > 0 then spacing = 60000 / rpm end
   if tpm > 0 then spacing = math.max(spacing, spaced * 60000 / tpm) end
   if spacing == 0 and conc > 0 then spacing = conc_spacing / conc end
-  spacing = spacing * cost
+  spacing = spacing / (1 - reserve)  -- background is paced at 1 - reserve of the rate
   local start = math.max(now + wait, tail)
   local finish = start + spacing * waiting / weight
   redis.call('ZADD', KEYS[3], finish, flow)
@@ -154,24 +168,24 @@ return math.max(1, math.ceil(wait))
 """
 )
 
-# ARGV[10] the slot id, ARGV[11] tokens to give back (negative: take more), ARGV[12] the
-# tokens the call used (0: unknown), ARGV[13] how much they move the running mean.
+# ARGV[7] the slot id, ARGV[8] tokens to give back (negative: take more), ARGV[9] the
+# tokens the call used (0: unknown), ARGV[10] how much they move the running mean.
 _RELEASE = (
     _REFILL
     + """
-redis.call('ZREM', KEYS[2], ARGV[10])
-if tpm > 0 then tk = math.min(ttop, tk + tonumber(ARGV[11])) end
-local spent = tonumber(ARGV[12])
+redis.call('ZREM', KEYS[2], ARGV[7])
+if tpm > 0 then tk = math.min(tpm, tk + tonumber(ARGV[8])) end
+local spent = tonumber(ARGV[9])
 if spent > 0 then
   if used <= 0 then used = spent end
-  used = used + tonumber(ARGV[13]) * (spent - used)
+  used = used + tonumber(ARGV[10]) * (spent - used)
 end
 save()
 return 1
 """
 )
 
-# ARGV[10..14] retry-after, requests remaining, their reset, tokens remaining, their reset
+# ARGV[7..11] retry-after, requests remaining, their reset, tokens remaining, their reset
 # (ms for times; '' when the provider did not say).
 _FEEDBACK = (
     _REFILL
@@ -180,14 +194,14 @@ local function arg(i)
   if ARGV[i] == '' then return nil end
   return tonumber(ARGV[i])
 end
-local retry = arg(10)
+local retry = arg(7)
 if retry then
   blocked = math.max(blocked, now + retry)
-  if rpm > 0 then r = math.min(r, 0) end
-  if tpm > 0 then tk = math.min(tk, 0) end
+  if rpm > 0 then r, pr = math.min(r, 0), math.min(pr, 0) end
+  if tpm > 0 then tk, pt = math.min(tk, 0), math.min(pt, 0) end
   at = math.max(at, blocked)
 end
-local rrem, rreset, trem, treset = arg(11), arg(12), arg(13), arg(14)
+local rrem, rreset, trem, treset = arg(8), arg(9), arg(10), arg(11)
 if rrem then
   if rpm > 0 then r = math.min(r, rrem) end
   if rrem < 1 and rreset then blocked = math.max(blocked, now + rreset) end
@@ -238,6 +252,7 @@ class RedisLimiter:
             _ms(CONCURRENCY_SPACING_S),
             ask.holder,
             _ms(PLACE_EARLY_S),
+            _ms(PLACE_KEPT_S),
         ]
         try:
             wait_ms = cast(int, self._acquire(keys=self.keys(bucket), args=args))
@@ -287,15 +302,12 @@ class RedisLimiter:
         return found
 
 
-def _limits(limit: RateLimit) -> list[float | int | str]:
+def _limits(limit: RateLimit) -> list[float | int]:
     return [
         limit.rpm or 0,
         limit.tpm or 0,
         limit.concurrency or 0,
         limit.reserve,
-        limit.request_capacity,
-        limit.token_capacity,
-        limit.reserved_requests,
-        limit.reserved_tokens,
-        _ms(PLACE_KEPT_S),
+        limit.paced_requests,
+        limit.paced_tokens,
     ]
