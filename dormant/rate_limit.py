@@ -30,10 +30,17 @@ class RateLimit:
     A request's tokens are estimated before the call (a quarter of the request's
     characters, plus its ``max_tokens`` or else ``output_tokens``) and corrected by the
     completion's usage after. Models naming the same ``bucket`` share it (several models
-    on one key); by default the bucket is the model's name and base URL. Background work
-    leaves ``reserve`` of each limit to slices woken by user text (at least one request,
-    and one concurrent call of two or more), so a user's message is admitted at once even
-    while a burst of background threads queues.
+    on one key); by default the bucket is the model's name and base URL.
+
+    Background work leaves ``reserve`` of each limit to slices woken by user text, in two
+    ways: it never spends the last ``reserve`` of the bucket (at least one request, and one
+    concurrent call of two or more), so dormant admits a user's message at once even while
+    a burst of background threads queues; and it is paced at ``1 - reserve`` of each rate,
+    in bursts of at most ``burst_s`` seconds' worth, so the provider's own limit, which
+    dormant cannot see, has room for that message too. Pacing also keeps a fleet within a
+    provider that enforces its minute over seconds (OpenAI and Anthropic say they may) or
+    counts any 60 s window: a full minute's bucket spent at once, then the rate, is up to
+    twice the limit in one window, answered with 429s that say "wait up to a minute".
     """
 
     rpm: float | None = None
@@ -43,6 +50,8 @@ class RateLimit:
     reserve: float = 0.05
     output_tokens: int = 512
     """Expected output tokens of a request that sets no ``max_tokens``."""
+    burst_s: float = 3.0
+    """Background calls go at most this many seconds' worth (of the paced rate) at once."""
 
     def __post_init__(self) -> None:
         for name in ("rpm", "tpm", "concurrency"):
@@ -53,6 +62,8 @@ class RateLimit:
             raise ConfigurationError(f"RateLimit.reserve must be in [0, 1), not {self.reserve!r}")
         if self.output_tokens < 0:
             raise ConfigurationError("RateLimit.output_tokens must not be negative")
+        if not 0 < self.burst_s <= 60:
+            raise ConfigurationError(f"RateLimit.burst_s must be in (0, 60], not {self.burst_s!r}")
 
     @classmethod
     def from_mapping(cls, where: str, raw: object) -> RateLimit:
@@ -71,6 +82,27 @@ class RateLimit:
     @property
     def limited(self) -> bool:
         return self.rpm is not None or self.tpm is not None or self.concurrency is not None
+
+    @property
+    def paced_share(self) -> float:
+        """The share of each rate background work is paced at."""
+        return 1 - self.reserve
+
+    @property
+    def paced_requests(self) -> float:
+        """The most requests the background pace holds (0: no ``rpm``): at least one."""
+        if not self.rpm:
+            return 0.0
+        return max(1.0, self.rpm * self.paced_share * self.burst_s / 60)
+
+    @property
+    def paced_tokens(self) -> float:
+        """The most tokens the background pace holds (0: no ``tpm``). A call is charged
+        the tokens calls have been using, at most this: one larger leaves the pace in
+        debt, so it is never refused for ever."""
+        if not self.tpm:
+            return 0.0
+        return self.tpm * self.paced_share * self.burst_s / 60
 
 
 @dataclass(frozen=True, slots=True)

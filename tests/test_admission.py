@@ -70,10 +70,10 @@ def test_tokens_are_estimated_before_and_corrected_after() -> None:
     clock = Clock()
     limiter = MemoryLimiter(clock)
     limit = RateLimit(tpm=1000, reserve=0.0)
-    assert limiter.acquire("b", limit, _ask("one", tokens=900)) == 0
-    assert limiter.acquire("b", limit, _ask("two", tokens=200)) == pytest.approx(6.0)
+    assert limiter.acquire("b", limit, _ask("one", tokens=900, interactive=True)) == 0
+    assert limiter.acquire("b", limit, _ask("two", tokens=200, interactive=True)) == 6.0
     limiter.release("b", limit, "one", correction_tokens=900 - 300)  # it used 300
-    assert limiter.acquire("b", limit, _ask("two", tokens=200)) == 0
+    assert limiter.acquire("b", limit, _ask("two", tokens=200, interactive=True)) == 0
 
 
 def test_a_concurrency_slot_comes_back_on_release_or_when_its_lease_ends() -> None:
@@ -92,10 +92,59 @@ def test_a_concurrency_slot_comes_back_on_release_or_when_its_lease_ends() -> No
 
 def test_background_work_leaves_the_reserve_to_user_text() -> None:
     limiter = MemoryLimiter(Clock())
-    limit = RateLimit(rpm=100, reserve=0.05)
+    limit = RateLimit(rpm=100, reserve=0.05, burst_s=60)
     background = [limiter.acquire("b", limit, _ask(f"bg{n}")) for n in range(100)]
     assert background.count(0.0) == 95  # 5 (a twentieth) left for user text
-    assert limiter.acquire("b", limit, _ask("user", interactive=True)) == 0
+    users = [limiter.acquire("b", limit, _ask(f"user{n}", interactive=True)) for n in range(6)]
+    assert users.count(0.0) == 5
+
+
+def test_background_work_runs_at_the_rate_less_its_reserve() -> None:
+    """A fleet of background calls leaves the provider a twentieth of its rate, which dormant
+    cannot see spent: user text finds the provider's own bucket with room in it."""
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(rpm=600, reserve=0.05)
+    admitted = {True: 0, False: 0}
+    for interactive in (False, True):
+        limiter.feedback("b", limit, ProviderLimits(retry_after_s=0.0))  # start empty
+        for step in range(12_000):  # two minutes, asking every 10 ms; count the second
+            clock.now_s += 0.01
+            ask = _ask(f"{interactive}{step}", interactive=interactive)
+            admitted[interactive] += limiter.acquire("b", limit, ask) == 0 and step >= 6000
+    assert admitted[False] == pytest.approx(600 * 0.95, abs=2)
+    assert admitted[True] == pytest.approx(600, abs=2)
+
+
+def test_background_work_goes_in_bursts_of_three_seconds_worth() -> None:
+    """By default: a provider that counts any 60 s window (or enforces its minute over
+    seconds) never sees a fleet spend a full minute's worth at once, then the rate."""
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(rpm=600, reserve=0.05)  # paced at 570 a minute: 3 s' worth is 28.5
+    assert limit.paced_requests == pytest.approx(28.5)
+    at_once = [limiter.acquire("b", limit, _ask(f"bg{n}", flow=f"f{n}")) for n in range(50)]
+    assert at_once.count(0.0) == 28
+    assert limiter.acquire("b", limit, _ask("user", interactive=True)) == 0  # not paced
+    sent_s: list[float] = []
+    for step in range(12_000):  # background alone for two minutes, asking every 10 ms
+        clock.now_s += 0.01
+        if limiter.acquire("b", limit, _ask(f"bg{step}")) == 0:
+            sent_s.append(clock.now_s)
+    busiest = max(sum(t <= s < t + 60 for s in sent_s) for t in sent_s)
+    assert busiest <= 600  # no 60 s window holds more than the minute's limit
+    assert RateLimit(rpm=600, reserve=0.05, burst_s=60).paced_requests == pytest.approx(570)
+
+
+def test_a_background_call_larger_than_the_pace_is_admitted_from_a_full_one() -> None:
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(tpm=6000, reserve=0.0)  # the pace holds 3 s' worth: 300 tokens
+    assert limiter.acquire("b", limit, _ask("huge", tokens=3000)) == 0
+    wait_s = limiter.acquire("b", limit, _ask("next", tokens=3000))
+    assert wait_s == pytest.approx(30.0)  # the debt (2,700) and a full pace (300) again
+    clock.now_s += wait_s
+    assert limiter.acquire("b", limit, _ask("next", tokens=3000)) == 0
 
 
 def test_background_work_leaves_a_concurrency_slot_to_user_text() -> None:
@@ -110,7 +159,7 @@ def test_background_work_leaves_a_concurrency_slot_to_user_text() -> None:
 
 def test_refused_background_asks_queue_fairly_by_flow_and_weight() -> None:
     limiter = MemoryLimiter(Clock())
-    limit = RateLimit(rpm=60, reserve=0.0)
+    limit = RateLimit(rpm=60, reserve=0.0, burst_s=60)
     for n in range(60):
         assert limiter.acquire("b", limit, _ask(f"warm{n}")) == 0
     burst = [limiter.acquire("b", limit, _ask(f"a{n}", flow="burst")) for n in range(20)]
@@ -124,7 +173,7 @@ def test_refused_background_asks_queue_fairly_by_flow_and_weight() -> None:
 
 def test_token_places_are_spaced_by_the_tokens_calls_use() -> None:
     limiter = MemoryLimiter(Clock())
-    limit = RateLimit(tpm=6000, reserve=0.0)  # 100 tokens a second
+    limit = RateLimit(tpm=6000, reserve=0.0, burst_s=60)  # 100 tokens a second
     assert limiter.acquire("b", limit, _ask("all", tokens=6000, interactive=True)) == 0
     limiter.release("b", limit, "all", used_tokens=100)  # the estimate is an upper bound
     places = [limiter.acquire("b", limit, _ask(f"bg{n}", tokens=1000)) for n in range(3)]
@@ -336,7 +385,7 @@ def test_user_text_is_woken_before_background_threads_when_capacity_returns(
     model = ScriptedModel(lambda items: reply("done"))
     h = Harness(Agent("a", model=model), store=store)
     clock = Clock()
-    _limited(h, RateLimit(rpm=2, reserve=0.0), clock)
+    _limited(h, RateLimit(rpm=2, reserve=0.0, burst_s=60), clock)
     for n in range(2):
         assert isinstance(h.step(_launch(h, f"warm {n}", Priority.BACKGROUND)), Idle)
     background = [_launch(h, f"job {n}", Priority.BACKGROUND) for n in range(3)]
@@ -404,7 +453,7 @@ def test_a_deferred_burst_runs_at_the_configured_rate(store: Store, sweep_s: flo
         else:
             assert isinstance(outcome, Idle)
             finished_s.append(clock.now_s - started_s)
-    ideal_s = 30 / (limit.rpm or 1) * 60
+    ideal_s = 30 / ((limit.rpm or 1) * (1 - limit.reserve)) * 60  # background: 95 % of it
     reserve_s = 4.0  # background first leaves user text its reserve: 1 + 5 % of 60 requests
     assert max(finished_s) <= ideal_s + reserve_s + sweep_s + 1
     assert max(asked.values()) <= 2  # refused once, admitted at its place

@@ -7,7 +7,11 @@ concurrent calls (slots, each with a lease so a holder that dies gives its slot 
 estimated tokens and a slot, or takes nothing and answers how long to wait.
 
 Background work (not woken by user text) leaves ``RateLimit.reserve`` of every limit
-unused, so user text is admitted at once during a burst. A refused background ask is given
+unused, so user text is admitted at once during a burst; and it is paced: a second, small
+bucket refilled at ``1 - reserve`` of each rate and holding ``RateLimit.burst_s`` seconds'
+worth (``paced_requests``, ``paced_tokens``), which only background calls pay, so the
+provider itself always has room for user text and never sees a burst of a minute's worth.
+A refused background ask is given
 a place in its flow's queue (its agent, or its tenant): each flow's refusals are spaced by
 the bucket's rate times the number of flows waiting, divided by the flow's weight, so
 capacity coming back is shared between agents instead of going to whichever launched the
@@ -126,6 +130,9 @@ class Limiter(Protocol):
 class _Bucket:
     requests: float
     tokens: float
+    paced_requests: float
+    paced_tokens: float
+    """The background pace: refilled at ``1 - reserve`` of each rate."""
     at_s: float
     blocked_until_s: float = 0.0
     slots: dict[str, float] = field(default_factory=dict)
@@ -160,12 +167,15 @@ class MemoryLimiter:
             before = now + PLACE_EARLY_S if place is None else place
             ahead = 0 if ask.interactive else sum(p < before for p in state.places.values())
             wait_s = _wait_s(state, limit, ask, now, ahead)
-            if wait_s <= 0:
+            if wait_s < 0.001:  # as Redis answers: in whole milliseconds
                 state.places.pop(ask.holder, None)
                 if limit.rpm:
                     state.requests -= 1
                 if limit.tpm:
                     state.tokens -= ask.tokens
+                if not ask.interactive:
+                    state.paced_requests -= 1
+                    state.paced_tokens -= _spaced_tokens(ask.tokens, state.used_tokens)
                 if limit.concurrency:
                     state.slots[ask.slot] = now + ask.slot_ttl_s
                 self._counters["admitted"] += 1
@@ -202,6 +212,8 @@ class MemoryLimiter:
                 state.blocked_until_s = max(state.blocked_until_s, now + said.retry_after_s)
                 state.requests = min(state.requests, 0.0)
                 state.tokens = min(state.tokens, 0.0)
+                state.paced_requests = min(state.paced_requests, 0.0)
+                state.paced_tokens = min(state.paced_tokens, 0.0)
                 state.at_s = max(state.at_s, state.blocked_until_s)
             for remaining, reset_s, kind in (
                 (said.requests_remaining, said.requests_reset_s, "requests"),
@@ -227,13 +239,20 @@ class MemoryLimiter:
     def _refilled(self, bucket: str, limit: RateLimit, now: float) -> _Bucket:
         state = self._buckets.get(bucket)
         if state is None:
-            state = self._buckets[bucket] = _Bucket(limit.rpm or 0.0, limit.tpm or 0.0, now)
+            state = self._buckets[bucket] = _Bucket(
+                limit.rpm or 0.0, limit.tpm or 0.0, limit.paced_requests, limit.paced_tokens, now
+            )
         if now > state.at_s:  # after a 429, refilling starts only at the provider's time
             elapsed_s = now - state.at_s
+            paced_s = elapsed_s * limit.paced_share
             if limit.rpm:
                 state.requests = min(limit.rpm, state.requests + elapsed_s * limit.rpm / 60)
+                refilled = state.paced_requests + paced_s * limit.rpm / 60
+                state.paced_requests = min(limit.paced_requests, refilled)
             if limit.tpm:
                 state.tokens = min(limit.tpm, state.tokens + elapsed_s * limit.tpm / 60)
+                refilled = state.paced_tokens + paced_s * limit.tpm / 60
+                state.paced_tokens = min(limit.paced_tokens, refilled)
             state.at_s = now
         state.slots = {slot: until for slot, until in state.slots.items() if until > now}
         state.tails = {flow: tail for flow, tail in state.tails.items() if tail > now}
@@ -252,16 +271,30 @@ def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, ahead: int) 
         need = min(limit.rpm, 1 + math.ceil(limit.rpm * share) + ahead)
         if state.requests < need:
             wait_s = max(wait_s, (need - state.requests) * 60 / limit.rpm)
+        if not ask.interactive and state.paced_requests < 1:
+            paced_rpm = limit.rpm * limit.paced_share
+            wait_s = max(wait_s, (1 - state.paced_requests) * 60 / paced_rpm)
     if limit.tpm:
-        spaced = min(ask.tokens, state.used_tokens or ask.tokens)
+        spaced = _spaced_tokens(ask.tokens, state.used_tokens)
         need = min(limit.tpm, ask.tokens + limit.tpm * share + ahead * spaced)
         if state.tokens < need:
             wait_s = max(wait_s, (need - state.tokens) * 60 / limit.tpm)
+        paced = min(spaced, limit.paced_tokens)
+        if not ask.interactive and state.paced_tokens < paced:
+            paced_tpm = limit.tpm * limit.paced_share
+            wait_s = max(wait_s, (paced - state.paced_tokens) * 60 / paced_tpm)
     if limit.concurrency:
         usable = limit.concurrency - _reserved_slots(limit.concurrency, share)
         if len(state.slots) >= usable:
             wait_s = max(wait_s, min(SLOT_POLL_S, min(state.slots.values()) - now))
     return wait_s
+
+
+def _spaced_tokens(tokens: int, used_tokens: float) -> float:
+    """A call's tokens as places and the pace count them: what calls have been using
+    (``used_tokens``), once known, not the upper-bound estimate. A background call may
+    leave the pace in debt: it is admitted when the pace holds that much, or is full."""
+    return min(tokens, used_tokens or tokens)
 
 
 def _reserved_slots(concurrency: int, share: float) -> int:
@@ -276,20 +309,20 @@ def _queued_wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, wait_
     spaced by the bucket's rate times the flows waiting over the flow's weight."""
     waiting = len(state.tails) + (0 if ask.flow in state.tails else 1)
     start = max(now + wait_s, state.tails.get(ask.flow, 0.0))
-    state.tails[ask.flow] = (
-        start + _spacing_s(limit, ask.tokens, state.used_tokens) * waiting / ask.weight
-    )
+    spacing_s = _spacing_s(limit, ask.tokens, state.used_tokens) / limit.paced_share
+    state.tails[ask.flow] = start + spacing_s * waiting / ask.weight
     return start - now
 
 
 def _spacing_s(limit: RateLimit, tokens: int, used_tokens: float) -> float:
-    """The time the bucket takes to afford one more such request: a call's tokens are
-    what calls have been using (``used_tokens``), once known, not the upper bound."""
+    """The time the bucket takes to afford one more such request at the full rate (places
+    are spaced at the paced rate: this over ``paced_share``): a call's tokens are what
+    calls have been using (``used_tokens``), once known, not the upper bound."""
     spacing = 0.0
     if limit.rpm:
         spacing = 60 / limit.rpm
     if limit.tpm:
-        spacing = max(spacing, min(tokens, used_tokens or tokens) * 60 / limit.tpm)
+        spacing = max(spacing, _spaced_tokens(tokens, used_tokens) * 60 / limit.tpm)
     if spacing == 0 and limit.concurrency:
         spacing = CONCURRENCY_SPACING_S / limit.concurrency
     return spacing

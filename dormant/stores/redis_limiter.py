@@ -36,43 +36,56 @@ __all__ = ["RedisLimiter"]
 log = logging.getLogger("dormant.admission")
 
 # KEYS[1] the bucket's hash, KEYS[2] its slots, KEYS[3] its flows' tails, KEYS[4] the
-# counters, KEYS[5] its holders' places; ARGV[1..4] rpm, tpm, concurrency (0: unlimited)
-# and the reserve share.
+# counters, KEYS[5] its holders' places; ARGV[1..6] rpm, tpm, concurrency (0: unlimited),
+# the reserve share, and the most requests and tokens the background pace holds
+# (``RateLimit.paced_requests``/``paced_tokens``: one formula, in Python). The pace
+# (``pr``, ``pt``) refills at ``1 - reserve`` of each rate.
 _REFILL = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local conc, reserve = tonumber(ARGV[3]), tonumber(ARGV[4])
-local state = redis.call('HMGET', KEYS[1], 'r', 't', 'at', 'blocked', 'used')
+local prcap, ptcap = tonumber(ARGV[5]), tonumber(ARGV[6])
+local state = redis.call('HMGET', KEYS[1], 'r', 't', 'at', 'blocked', 'used', 'pr', 'pt')
 local r = tonumber(state[1]) or rpm
 local tk = tonumber(state[2]) or tpm
 local at = tonumber(state[3]) or now
 local blocked = tonumber(state[4]) or 0
 local used = tonumber(state[5]) or 0
+local pr = tonumber(state[6]) or prcap
+local pt = tonumber(state[7]) or ptcap
 if now > at then
-  if rpm > 0 then r = math.min(rpm, r + (now - at) * rpm / 60000) end
-  if tpm > 0 then tk = math.min(tpm, tk + (now - at) * tpm / 60000) end
+  local paced = (now - at) * (1 - reserve)
+  if rpm > 0 then
+    r = math.min(rpm, r + (now - at) * rpm / 60000)
+    pr = math.min(prcap, pr + paced * rpm / 60000)
+  end
+  if tpm > 0 then
+    tk = math.min(tpm, tk + (now - at) * tpm / 60000)
+    pt = math.min(ptcap, pt + paced * tpm / 60000)
+  end
   at = now
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local function save()
   redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(tk), 'at', tostring(at),
-    'blocked', tostring(blocked), 'used', tostring(used))
+    'blocked', tostring(blocked), 'used', tostring(used), 'pr', tostring(pr),
+    'pt', tostring(pt))
   redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(120000, blocked - now + 60000)))
 end
 """
 
-# ARGV[5..] the estimated tokens, the slot id, its ttl in ms, 1 if interactive, the flow,
+# ARGV[7..] the estimated tokens, the slot id, its ttl in ms, 1 if interactive, the flow,
 # its weight, the slot poll and the concurrency spacing in ms, the holder, how early it may
 # claim its place and how long a place is kept (ms). Returns 0 when admitted, else the wait
 # in ms (at least 1).
 _ACQUIRE = (
     _REFILL
     + """
-local tokens, slot, ttl = tonumber(ARGV[5]), ARGV[6], tonumber(ARGV[7])
-local interactive, flow, weight = ARGV[8] == '1', ARGV[9], tonumber(ARGV[10])
-local poll, conc_spacing = tonumber(ARGV[11]), tonumber(ARGV[12])
-local holder, early, kept = ARGV[13], tonumber(ARGV[14]), tonumber(ARGV[15])
+local tokens, slot, ttl = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+local interactive, flow, weight = ARGV[10] == '1', ARGV[11], tonumber(ARGV[12])
+local poll, conc_spacing = tonumber(ARGV[13]), tonumber(ARGV[14])
+local holder, early, kept = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
 redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - kept)
 local place = nil
 if holder ~= '' and not interactive then place = tonumber(redis.call('ZSCORE', KEYS[5], holder)) end
@@ -92,13 +105,20 @@ if not interactive then
   ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.3f', before))
 end
 local wait = math.max(0, blocked - now)
+local paced = math.min(spaced, ptcap)  -- a call's tokens as the pace counts them
 if rpm > 0 then
   local need = math.min(rpm, 1 + math.ceil(rpm * share) + ahead)
   if r < need then wait = math.max(wait, (need - r) * 60000 / rpm) end
+  if not interactive and pr < 1 then
+    wait = math.max(wait, (1 - pr) * 60000 / (rpm * (1 - reserve)))
+  end
 end
 if tpm > 0 then
   local need = math.min(tpm, tokens + tpm * share + ahead * spaced)
   if tk < need then wait = math.max(wait, (need - tk) * 60000 / tpm) end
+  if not interactive and pt < paced then
+    wait = math.max(wait, (paced - pt) * 60000 / (tpm * (1 - reserve)))
+  end
 end
 if conc > 0 then
   local spare = 0
@@ -108,9 +128,10 @@ if conc > 0 then
     wait = math.max(wait, math.min(poll, tonumber(first[2]) - now))
   end
 end
-if wait <= 0 then
+if wait < 1 then  -- under a millisecond: admitted (the answer is in whole ms)
   if rpm > 0 then r = r - 1 end
   if tpm > 0 then tk = tk - tokens end
+  if not interactive then pr, pt = pr - 1, pt - spaced end
   if conc > 0 then
     redis.call('ZADD', KEYS[2], now + ttl, slot)
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl + 60000))
@@ -129,6 +150,7 @@ if not place and not interactive then
   if rpm > 0 then spacing = 60000 / rpm end
   if tpm > 0 then spacing = math.max(spacing, spaced * 60000 / tpm) end
   if spacing == 0 and conc > 0 then spacing = conc_spacing / conc end
+  spacing = spacing / (1 - reserve)  -- background is paced at 1 - reserve of the rate
   local start = math.max(now + wait, tail)
   local finish = start + spacing * waiting / weight
   redis.call('ZADD', KEYS[3], finish, flow)
@@ -146,24 +168,24 @@ return math.max(1, math.ceil(wait))
 """
 )
 
-# ARGV[5] the slot id, ARGV[6] tokens to give back (negative: take more), ARGV[7] the
-# tokens the call used (0: unknown), ARGV[8] how much they move the running mean.
+# ARGV[7] the slot id, ARGV[8] tokens to give back (negative: take more), ARGV[9] the
+# tokens the call used (0: unknown), ARGV[10] how much they move the running mean.
 _RELEASE = (
     _REFILL
     + """
-redis.call('ZREM', KEYS[2], ARGV[5])
-if tpm > 0 then tk = math.min(tpm, tk + tonumber(ARGV[6])) end
-local spent = tonumber(ARGV[7])
+redis.call('ZREM', KEYS[2], ARGV[7])
+if tpm > 0 then tk = math.min(tpm, tk + tonumber(ARGV[8])) end
+local spent = tonumber(ARGV[9])
 if spent > 0 then
   if used <= 0 then used = spent end
-  used = used + tonumber(ARGV[8]) * (spent - used)
+  used = used + tonumber(ARGV[10]) * (spent - used)
 end
 save()
 return 1
 """
 )
 
-# ARGV[5..9] retry-after, requests remaining, their reset, tokens remaining, their reset
+# ARGV[7..11] retry-after, requests remaining, their reset, tokens remaining, their reset
 # (ms for times; '' when the provider did not say).
 _FEEDBACK = (
     _REFILL
@@ -172,14 +194,14 @@ local function arg(i)
   if ARGV[i] == '' then return nil end
   return tonumber(ARGV[i])
 end
-local retry = arg(5)
+local retry = arg(7)
 if retry then
   blocked = math.max(blocked, now + retry)
-  if rpm > 0 then r = math.min(r, 0) end
-  if tpm > 0 then tk = math.min(tk, 0) end
+  if rpm > 0 then r, pr = math.min(r, 0), math.min(pr, 0) end
+  if tpm > 0 then tk, pt = math.min(tk, 0), math.min(pt, 0) end
   at = math.max(at, blocked)
 end
-local rrem, rreset, trem, treset = arg(6), arg(7), arg(8), arg(9)
+local rrem, rreset, trem, treset = arg(8), arg(9), arg(10), arg(11)
 if rrem then
   if rpm > 0 then r = math.min(r, rrem) end
   if rrem < 1 and rreset then blocked = math.max(blocked, now + rreset) end
@@ -281,4 +303,11 @@ class RedisLimiter:
 
 
 def _limits(limit: RateLimit) -> list[float | int]:
-    return [limit.rpm or 0, limit.tpm or 0, limit.concurrency or 0, limit.reserve]
+    return [
+        limit.rpm or 0,
+        limit.tpm or 0,
+        limit.concurrency or 0,
+        limit.reserve,
+        limit.paced_requests,
+        limit.paced_tokens,
+    ]
