@@ -50,7 +50,7 @@ class RateLimit:
     reserve: float = 0.05
     output_tokens: int = 512
     """Expected output tokens of a request that sets no ``max_tokens``."""
-    burst_s: float = 3.0
+    burst_s: float = 1.0
     """Background calls go at most this many seconds' worth (of the paced rate) at once."""
 
     def __post_init__(self) -> None:
