@@ -181,13 +181,15 @@ def test_token_places_are_spaced_by_the_tokens_calls_use() -> None:
     assert places == pytest.approx([10.0, 11.0, 12.0])
 
 
-def test_the_provider_drains_the_bucket_until_its_reset() -> None:
+def test_the_provider_drains_the_bucket_and_a_429_blocks_it() -> None:
     clock = Clock()
     limiter = MemoryLimiter(clock)
     limit = RateLimit(rpm=100)
-    limiter.feedback("b", limit, ProviderLimits(requests_remaining=0, requests_reset_s=7.5))
-    assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(7.5)
-    clock.now_s += 8
+    # none remaining, fully replenished in a minute (a provider counting a 60 s window
+    # says so after every call): the bucket is empty and refills at its rate, no longer
+    limiter.feedback("b", limit, ProviderLimits(requests_remaining=0, requests_reset_s=60))
+    assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(0.6)
+    clock.now_s += 0.6
     assert limiter.acquire("b", limit, _ask(interactive=True)) == 0
     limiter.feedback("b", limit, ProviderLimits(retry_after_s=30))
     assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(30)
@@ -426,10 +428,11 @@ def test_user_text_for_a_deferred_thread_does_not_wait_for_its_place(store: Stor
 def test_a_deferred_burst_runs_at_the_configured_rate(store: Store, late_s: float) -> None:
     """The burst of issue 23's bench: N background threads of one agent, refused at once,
     each woken at its place (on time, as Celery retries a deferred slice and LocalSystem
-    sweeps for it, or ``late_s`` after it: a busy worker), against a provider that says "none remaining" after every call (its
-    bucket holds one second's worth). They finish in about N / rate, not several times
-    that: an answer's stale headers do not hold the bucket down, and a thread woken at or
-    after its place keeps it instead of joining the back of the queue."""
+    sweeps for it, or ``late_s`` after it: a busy worker), against a provider that says
+    "none remaining" after every call (its bucket holds one second's worth). They finish
+    in about N / rate, not several times that: an answer's stale headers do not hold the
+    bucket down, and a thread woken at or after its place keeps it instead of joining the
+    back of the queue."""
     said = ProviderLimits(requests_remaining=0, requests_reset_s=1.0, tokens_remaining=0)
     model = ScriptedModel(lambda items: replace(reply("done"), limits=said))
     h = Harness(Agent("a", model=model), store=store)
