@@ -24,10 +24,11 @@ from dormant.base_client import BaseClient
 from dormant.errors import DormantError, LeaseLost, ThreadsFailed
 from dormant.messages import Chunk, Event
 from dormant.ops.prune import prune
-from dormant.runtime.admission import next_deferred
+from dormant.runtime.admission import PLACE_WAKE_EARLY_S, next_deferred
 from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.idle import IdleReport, failed_threads
 from dormant.runtime.limiter import MemoryLimiter
+from dormant.runtime.outcomes import Deferred
 from dormant.runtime.slice import SliceDeps, run_slice
 from dormant.runtime.sweeper import sweep_once
 from dormant.settings import Settings
@@ -243,11 +244,21 @@ class LocalSystem(BaseClient):
         with self._lock:
             self._queued.pop(thread_id, None)
         try:
-            run_slice(thread_id, self.deps)
+            outcome = run_slice(thread_id, self.deps)
         except LeaseLost:  # closed meanwhile (close_thread revoked the lease): nothing written
             log.info("slice of thread %s stopped: its lease was taken or revoked", thread_id)
+        else:
+            if isinstance(outcome, Deferred) and outcome.wait_s <= 2 * PLACE_WAKE_EARLY_S:
+                self._sweep_after(outcome.wait_s)
         with self._lock:
             self.slices_run += 1
+
+    def _sweep_after(self, wait_s: float) -> None:
+        """Sweep again when a deferred thread's place comes (as Celery retries its slice
+        then), not at the next interval: the pace has room for it then, and not later."""
+        timer = threading.Timer(wait_s + 0.001, self._nudge.set)
+        timer.daemon = True
+        timer.start()
 
     def _run_tool(self, row: OutboxRow) -> None:
         """Run the row under a claim in the store, as a Celery tool task does: a copy the

@@ -4,7 +4,7 @@ A limit is given on the model (``OpenAIModel(..., rate_limit=RateLimit(rpm=500))
 the deployment (``DORMANT_RATE_LIMITS``, read by ``Settings``); the slice asks for
 admission against it before every model call (``runtime/admission.py``). The provider's
 own view (``Retry-After`` and the ``x-ratelimit-*`` headers, OpenAI's and Anthropic's
-spellings) comes back as ``ProviderLimits`` and drains the shared bucket until its reset.
+spellings) comes back as ``ProviderLimits``: a 429 empties the shared bucket until its wait.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class RateLimit:
     reserve: float = 0.05
     output_tokens: int = 512
     """Expected output tokens of a request that sets no ``max_tokens``."""
-    burst_s: float = 3.0
+    burst_s: float = 1.0
     """Background calls go at most this many seconds' worth (of the paced rate) at once."""
 
     def __post_init__(self) -> None:

@@ -115,8 +115,8 @@ class Limiter(Protocol):
     def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
         """What the provider said. A ``retry-after`` (a 429) empties the bucket and starts
         refilling it only then, so the calls that follow come at the bucket's rate instead
-        of in a burst the provider refuses again; ``remaining`` caps the bucket, and none
-        remaining blocks it until the reset."""
+        of in a burst the provider refuses again; ``remaining`` caps the bucket (its reset,
+        when the limit is full again, is no wait)."""
         ...
 
     def count(self, counter: str, amount: float = 1.0) -> None:
@@ -215,18 +215,15 @@ class MemoryLimiter:
                 state.paced_requests = min(state.paced_requests, 0.0)
                 state.paced_tokens = min(state.paced_tokens, 0.0)
                 state.at_s = max(state.at_s, state.blocked_until_s)
-            for remaining, reset_s, kind in (
-                (said.requests_remaining, said.requests_reset_s, "requests"),
-                (said.tokens_remaining, said.tokens_reset_s, "tokens"),
-            ):
-                if remaining is None:
-                    continue
-                if kind == "requests" and limit.rpm:
-                    state.requests = min(state.requests, remaining)
-                if kind == "tokens" and limit.tpm:
-                    state.tokens = min(state.tokens, remaining)
-                if remaining < 1 and reset_s is not None:
-                    state.blocked_until_s = max(state.blocked_until_s, now + reset_s)
+            # "remaining" caps the bucket, which then refills at its rate. The reset is not
+            # a wait: OpenAI's and Anthropic's both say when the limit is *fully*
+            # replenished, and a provider that counts a 60 s window says a minute after
+            # every call while it frees capacity call by call (blocking until then stalled
+            # a burst for a minute after each 429); the wait is the 429's Retry-After.
+            if said.requests_remaining is not None and limit.rpm:
+                state.requests = min(state.requests, said.requests_remaining)
+            if said.tokens_remaining is not None and limit.tpm:
+                state.tokens = min(state.tokens, said.tokens_remaining)
 
     def count(self, counter: str, amount: float = 1.0) -> None:
         with self._lock:

@@ -201,15 +201,11 @@ if retry then
   if tpm > 0 then tk, pt = math.min(tk, 0), math.min(pt, 0) end
   at = math.max(at, blocked)
 end
-local rrem, rreset, trem, treset = arg(8), arg(9), arg(10), arg(11)
-if rrem then
-  if rpm > 0 then r = math.min(r, rrem) end
-  if rrem < 1 and rreset then blocked = math.max(blocked, now + rreset) end
-end
-if trem then
-  if tpm > 0 then tk = math.min(tk, trem) end
-  if trem < 1 and treset then blocked = math.max(blocked, now + treset) end
-end
+-- "remaining" caps the bucket; its reset (the limit full again) is no wait: see
+-- MemoryLimiter.feedback
+local rrem, trem = arg(8), arg(10)
+if rrem and rpm > 0 then r = math.min(r, rrem) end
+if trem and tpm > 0 then tk = math.min(tk, trem) end
 save()
 return 1
 """
