@@ -43,6 +43,8 @@ chaos: $(VENV)/.synced
 
 # Benchmarks (docs/benchmarks.md): each compares against a baseline measured in the same run.
 # LangGraph and matplotlib live in their own environments under bench/, never in .venv/.
+# BENCH_BEFORE=DIR: the results directory of an earlier run, for the summary's "before" column.
+BENCH_BEFORE_ARG = $(if $(BENCH_BEFORE),--before $(BENCH_BEFORE))
 BENCH_LG := bench/.venv-langgraph
 BENCH_PLOT := bench/.venv-plot
 
@@ -67,6 +69,7 @@ bench: bench-env
 	$(BIN)/python bench/burst.py --agents 100 --rpm 300 --user-after-s 5
 	$(BIN)/python bench/stream.py
 	$(BENCH_PLOT)/bin/python bench/plots.py
+	$(BIN)/python bench/summary.py $(BENCH_BEFORE_ARG)
 
 bench-full: bench-env
 	$(BIN)/python bench/import_cost.py --out bench/results/full/import.json
@@ -77,6 +80,7 @@ bench-full: bench-env
 	$(BIN)/python bench/idle_scale.py --threads 1000,1000000 --out bench/results/full/idle_scale.json
 	$(BIN)/python bench/burst.py --agents 2000 --rpm 400 --out bench/results/full/burst.json
 	$(BENCH_PLOT)/bin/python bench/plots.py --results bench/results/full --out bench/results/full
+	$(BIN)/python bench/summary.py --results bench/results/full $(BENCH_BEFORE_ARG)
 
 clean:
 	rm -rf .uv $(VENV) .mypy_cache .ruff_cache .pytest_cache

@@ -81,6 +81,15 @@ class Bench:
             worker.wait()
         self.workers = []
 
+    def workers_cpu_s(self) -> float:
+        """CPU seconds (user and system) the running workers have used since they started."""
+        total = 0
+        for worker in self.workers:
+            with open(f"/proc/{worker.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+
     def check_workers(self) -> None:
         for worker in self.workers:
             if worker.poll() is not None:

@@ -48,6 +48,7 @@ from celery_scale import add_idle_threads, make_template, worker_rss_bytes
 from rich.console import Console
 from rich.table import Table
 from sqlalchemy import text
+from workload import model_cpu_us
 
 console = Console(width=130)
 
@@ -60,34 +61,38 @@ def warm_up(bench: Bench) -> dict[str, float]:
     bench.noop()
     bench.wait(bench.done, 1, timeout_s=120)
     wall = time.monotonic() - started
-    with open(f"/proc/{bench.workers[0].pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    return {"worker_ready_wall_s": wall, "worker_ready_cpu_s": cpu}
+    return {"worker_ready_wall_s": wall, "worker_ready_cpu_s": bench.workers_cpu_s()}
 
 
 def throughput(bench: Bench, tag: str, count: int) -> dict[str, float]:
     """No-op tasks/s, then slices/s of ``count`` launched threads, then of one ``Client.send``
     to each of them, on the running workers. Each loop is also timed alone: how many
-    ``send_task`` and ``Client.send`` calls one sender makes a second while the workers run."""
+    ``send_task`` and ``Client.send`` calls one sender makes a second while the workers run,
+    and the workers' CPU per no-op and per slice from ``send`` (one completion each)."""
     bench.redis.set(bench.key("done"), 0)
+    cpu_s = bench.workers_cpu_s()
     started = time.monotonic()
     for _ in range(count):
         bench.noop()
     noop_sender_per_s = count / (time.monotonic() - started)
     noop_per_s = count / (bench.wait(bench.done, count) - started)
+    noop_cpu_us = (bench.workers_cpu_s() - cpu_s) / count * 1e6
     prefix = f"{tag}_"
     started = time.monotonic()
     for i in range(count):
         bench.client.launch("chat", f"hello {i}", thread_id=f"{prefix}{i}")
     slices_per_s = count / (bench.wait(lambda: bench.committed(prefix), count) - started)
+    cpu_s = bench.workers_cpu_s()
     started = time.monotonic()
     for i in range(count):
         bench.client.send(f"{prefix}{i}", f"and again {i}")
     send_sender_per_s = count / (time.monotonic() - started)
     sent_slices_at = bench.wait(lambda: bench.committed(prefix), 2 * count)
     send_slices_per_s = count / (sent_slices_at - started)
+    slice_cpu_us = (bench.workers_cpu_s() - cpu_s) / count * 1e6
     return {
+        "noop_cpu_us": noop_cpu_us,
+        "slice_cpu_us": slice_cpu_us,
         "noop_per_s": noop_per_s,
         "slices_per_s": slices_per_s,
         "ratio": slices_per_s / noop_per_s,
@@ -170,10 +175,13 @@ def background_load(rate_per_s: float, send: Callable[[int], None]) -> Iterator[
 
 def latency(bench: Bench, samples: int, slices_per_s: float, noop_per_s: float) -> dict[str, Any]:
     calls = waiting_threads(bench, "lat", samples * 2)
-    low = {
-        "deliver": quantiles(deliver_latency(bench, calls[:samples])),
-        "noop": quantiles(noop_latency(bench, samples)),
-    }
+    low: dict[str, Any] = {}
+    cpu_s = bench.workers_cpu_s()
+    low["deliver"] = quantiles(deliver_latency(bench, calls[:samples]))
+    low["deliver_cpu_us"] = (bench.workers_cpu_s() - cpu_s) / samples * 1e6
+    cpu_s = bench.workers_cpu_s()
+    low["noop"] = quantiles(noop_latency(bench, samples))
+    low["noop_cpu_us"] = (bench.workers_cpu_s() - cpu_s) / samples * 1e6
     with background_load(0.8 * slices_per_s, lambda i: bench.client.launch("chat", "hi")):
         time.sleep(1)
         busy_deliver = quantiles(deliver_latency(bench, calls[samples:]))
@@ -186,14 +194,18 @@ def latency(bench: Bench, samples: int, slices_per_s: float, noop_per_s: float) 
 
 
 def waiting_is_free(bench: Bench, agents: int, wait_s: float) -> dict[str, float]:
-    """Blocking Celery loop vs dormant's deferred tool: wall time for ``agents`` agents."""
+    """Blocking Celery loop vs dormant's deferred tool: wall time for ``agents`` agents, and
+    the worker's CPU per completion (two an agent) in each."""
     bench.redis.set(bench.key("done"), 0)
+    cpu_s = bench.workers_cpu_s()
     started = time.monotonic()
     for i in range(agents):
         bench._app().send_task("bench.blocking_agent", args=[i, wait_s], queue="dormant.tools")
     blocking_s = bench.wait(bench.done, agents, timeout_s=agents * wait_s + 600) - started
+    blocking_cpu_us = (bench.workers_cpu_s() - cpu_s) / (2 * agents) * 1e6
 
     calls_key = bench.key("calls")
+    cpu_s = bench.workers_cpu_s()
     started = time.monotonic()
     for i in range(agents):
         bench.client.launch("waiter", f"build {i}", thread_id=f"wait_{i}")
@@ -211,6 +223,8 @@ def waiting_is_free(bench: Bench, agents: int, wait_s: float) -> dict[str, float
         delivered += 1
     dormant_s = bench.wait(lambda: bench.committed("wait_"), agents * 2) - started
     return {
+        "blocking_cpu_us": blocking_cpu_us,
+        "dormant_cpu_us": (bench.workers_cpu_s() - cpu_s) / (2 * agents) * 1e6,
         "blocking_wall_s": blocking_s,
         "dormant_wall_s": dormant_s,
         "ratio": blocking_s / dormant_s,
@@ -278,6 +292,7 @@ def main() -> None:
         "sizes": sizes,
         "cpus": os.cpu_count(),
         "worker_cli": args.worker_cli,
+        "model_cpu_us_per_completion": model_cpu_us(),
     }
     with database(args.postgres_url) as database_url:
         env = {
@@ -346,9 +361,11 @@ def fresh_worker(bench: Bench) -> None:
 
 
 def report(results: dict[str, Any]) -> None:
-    """The figures, and each ratio to its baseline from this run."""
+    """The figures, and each ratio to its baseline from this run; where the worker's CPU was
+    read, its microseconds per slice and per no-op (a slice is one completion; the simulated
+    model's own share of it is printed under the table)."""
     table = Table(title="dormant on Celery, against plain Celery tasks in the same run")
-    for column in ("measure", "dormant", "baseline", "ratio"):
+    for column in ("measure", "dormant", "baseline", "ratio", "worker CPU µs"):
         table.add_column(column, justify="right")
     for workers, tp in results.get("throughput", {}).items():
         table.add_row(
@@ -356,35 +373,49 @@ def report(results: dict[str, Any]) -> None:
             f"{tp['slices_per_s']:.1f} slices",
             f"{tp['noop_per_s']:.1f} no-ops",
             f"{tp['ratio']:.2f}",
+            "",
         )
         table.add_row(
             f"tasks/s, {workers} worker(s), from send",
             f"{tp['send_slices_per_s']:.1f} slices",
             f"{tp['noop_per_s']:.1f} no-ops",
             f"{tp['send_ratio']:.2f}",
+            f"{tp['slice_cpu_us']:,.0f} vs {tp['noop_cpu_us']:,.0f}",
         )
         table.add_row(
             f"one sender's calls/s, {workers} worker(s)",
             f"{tp['send_sender_per_s']:.0f} Client.send",
             f"{tp['noop_sender_per_s']:.0f} send_task",
             f"{tp['sender_ratio']:.2f}",
+            "",
         )
     for load, figures in results.get("latency", {}).items():
+        d, n = figures["deliver"], figures["noop"]
+        cpu = ""
+        if "deliver_cpu_us" in figures:
+            cpu = f"{figures['deliver_cpu_us']:,.0f} vs {figures['noop_cpu_us']:,.0f}"
         for q in ("p50_ms", "p99_ms"):
-            d, n = figures["deliver"][q], figures["noop"][q]
-            table.add_row(f"wake {q[:3]} ms, {load}", f"{d:.1f}", f"{n:.1f}", f"{d / n:.2f}")
+            table.add_row(
+                f"wake {q[:3]} ms, {load}",
+                f"{d[q]:.1f}",
+                f"{n[q]:.1f}",
+                f"{d[q] / n[q]:.2f}",
+                cpu if q == "p50_ms" else "",
+            )
     if w := results.get("waiting"):
         table.add_row(
             "waiting is free: wall s",
             f"{w['dormant_wall_s']:.1f}",
             f"{w['blocking_wall_s']:.1f} blocking",
             f"{w['ratio']:.1f}",
+            f"{w['dormant_cpu_us']:,.0f} vs {w['blocking_cpu_us']:,.0f} a completion",
         )
     for figures in results.get("idle_scale", {}).values():
         table.add_row(
             f"{figures['idle_threads']:,} idle threads",
             f"wake p50 {figures['deliver']['p50_ms']:.0f} ms",
             f"worker RSS {figures['worker_rss_bytes'] / 2**20:.0f} MiB",
+            "",
             "",
         )
     start = results["start"]
@@ -393,8 +424,13 @@ def report(results: dict[str, Any]) -> None:
         f"{start['worker_ready_wall_s']:.1f} s wall",
         f"{start['worker_ready_cpu_s']:.1f} s CPU",
         "",
+        "",
     )
     console.print(table)
+    console.print(
+        f"the simulated model's own CPU: {results['model_cpu_us_per_completion']:.0f} µs a "
+        "completion (its text, streamed in 48-character chunks to a sink that does nothing)"
+    )
 
 
 if __name__ == "__main__":

@@ -73,6 +73,8 @@ def report(results: dict[str, dict[str, Any]]) -> None:
         table.add_column(column, justify="right")
     table.add_column("KB stored/agent", justify="right")
     table.add_column("zlib ratio", justify="right")
+    table.add_column("own µs/compl.", justify="right")
+    table.add_column("model µs/compl.", justify="right")
     for name, result in results.items():
         per_wall, per_cpu = totals(result)
         agents = sum(w["agents"] for w in result["waves"])
@@ -84,8 +86,14 @@ def report(results: dict[str, dict[str, Any]]) -> None:
             kb(result, "rss_per_idle_agent_bytes"),
             kb(result, "stored_bytes_per_agent"),
             f"{result['compression_ratio']:.2f}",
+            f"{result['overhead_us_per_completion']:,.0f}",
+            f"{result['model_cpu_us_per_completion']:,.0f}",
         )
     console.print(table)
+    console.print(
+        "own µs/compl.: the system's CPU per completion less the simulated model's own "
+        "(model µs/compl.: its text, streamed in 48-character chunks, measured alone)"
+    )
     for name, result in results.items():
         if not result["compression_in_band"]:
             console.print(

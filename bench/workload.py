@@ -55,6 +55,23 @@ def result_text(thread_id: str, turn: int) -> str:
     return simulated_text(RESULT_CHARS, SEED + 1, f"result:{thread_id}:{turn}")
 
 
+def model_cpu_us(completions: int = 2000) -> float:
+    """CPU microseconds of the simulated provider alone per completion.
+
+    The provider's work in every system: a completion's text, streamed in 48-character
+    chunks to a sink that does nothing. A system's CPU per completion less this is its own
+    overhead (the runtime, the driver, the tool and the delivery of its result).
+    """
+    chunks: list[str] = []
+    started = time.process_time()
+    for n in range(completions):
+        text = simulated_text(COMPLETION_CHARS, SEED, f"calibration:{n}")
+        for start in range(0, len(text), 48):
+            chunks.append(text[start : start + 48])
+        chunks.clear()
+    return (time.process_time() - started) / completions * 1e6
+
+
 def compression(texts: list[str]) -> float:
     raw = "\n".join(texts).encode()
     return len(raw) / len(zlib.compress(raw, 6))
@@ -297,6 +314,9 @@ def run(runner: "Runner", system: str, waves: list[int], turns: int) -> None:
         )
     ratio = compression(runner.thread_texts(0))
     stored = runner.stored_bytes(agents)
+    completions = sum(r["completions"] for r in records)
+    cpu_us = sum(r["cpu_s"] for r in records) / completions * 1e6
+    model_us = model_cpu_us()
     emit(
         {
             "result": {
@@ -310,6 +330,9 @@ def run(runner: "Runner", system: str, waves: list[int], turns: int) -> None:
                 "stored_bytes_per_agent": None if stored is None else stored / agents,
                 "compression_ratio": ratio,
                 "compression_in_band": BAND[0] <= ratio <= BAND[1],
+                "cpu_us_per_completion": cpu_us,
+                "model_cpu_us_per_completion": model_us,
+                "overhead_us_per_completion": cpu_us - model_us,
                 "python": sys.version.split()[0],
             }
         }
