@@ -62,7 +62,7 @@ bench-env: $(BENCH_LG)/.installed $(BENCH_PLOT)/.installed
 
 bench: bench-env
 	$(BIN)/python bench/import_cost.py --runs 3
-	$(BIN)/python bench/reference.py --waves 80,80,80 --sqlite-waves 10,10,10 \
+	$(BIN)/python bench/reference.py --waves 200,200,200 --sqlite-waves 10,10,10 \
 		--langgraph-waves 10,10,10
 	$(BIN)/python bench/celery_throughput.py --quick
 	$(BIN)/python bench/mcp_calls.py

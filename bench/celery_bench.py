@@ -69,11 +69,26 @@ class Bench:
             self.workers.append(worker)
 
     def ready(self, tasks: int = 20) -> None:
-        """Wait until the workers run tasks: no measurement includes a worker's start."""
+        """Wait until the workers run tasks and are done starting: no measurement includes
+        a worker's start (a dormant worker builds its runtime on a thread once it is ready,
+        about a second of CPU that would otherwise land on the first phase's baseline)."""
         self.redis.set(self.key("done"), 0)
         for _ in range(tasks):
             self.noop()
         self.wait(self.done, tasks, timeout_s=300)
+        self.settle()
+
+    def settle(self, idle_share: float = 0.05, every_s: float = 0.5, timeout_s: float = 60) -> None:
+        """Wait until the workers use under ``idle_share`` of a core over ``every_s``."""
+        deadline = time.monotonic() + timeout_s
+        before = self.workers_cpu_s()
+        while time.monotonic() < deadline:
+            time.sleep(every_s)
+            now = self.workers_cpu_s()
+            if now - before < idle_share * every_s * len(self.workers):
+                return
+            before = now
+        raise TimeoutError(f"the workers still busy after {timeout_s} s with nothing queued")
 
     def stop_workers(self) -> None:
         for worker in self.workers:

@@ -63,8 +63,8 @@ def throughput(reference: dict[str, Any], out: Path) -> None:
 
 def latency(celery: dict[str, Any], out: Path) -> None:
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    styles = {"low_load": "-", "near_saturation": "--"}
-    for load, style in styles.items():
+    for load in celery["latency"]:  # low_load, then the loaded run ("near_saturation" before)
+        style = "-" if load == "low_load" else "--"
         for what, color in (("deliver", "tab:blue"), ("noop", "tab:gray")):
             samples = sorted(celery["latency"][load][what]["all_ms"])
             ys = [(i + 1) / len(samples) for i in range(len(samples))]
