@@ -14,6 +14,9 @@ during a long completion.
 
 A crash before 7 loses nothing (the rerun makes the one turn); a crash between 7 and 8
 leaves undispatched outbox rows the sweeper re-dispatches.
+
+The slice's watch while its model streams (chunks, lease, deadline, steering) is
+``watch.py``; steps 7-8 are ``commit.py``: both mixed into ``_Slice``.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from dormant.errors import (
     BudgetExceeded,
     ControlSignal,
     CrashPoint,
-    LeaseLost,
     ModelError,
     SteeredAway,
     Throttled,
@@ -36,27 +38,22 @@ from dormant.errors import (
 )
 from dormant.messages import (
     AssistantTurn,
-    Chunk,
     Event,
-    ItemAdded,
-    Rejected,
-    StatusChanged,
     Summary,
-    ToolDispatched,
     Usage,
 )
-from dormant.models.base import Completion, Model, ModelRequest
-from dormant.runtime.admission import Caller, complete_admitted, defer
+from dormant.models.base import Model, ModelRequest
+from dormant.runtime.admission import Caller, defer
 from dormant.runtime.budgets import Meter
 from dormant.runtime.calls import fresh_ids, start_call
 from dormant.runtime.children import (
     instructions_for,
     spawn_event_thread,
 )
+from dormant.runtime.commit import SliceCommit
 from dormant.runtime.compaction import COMPACTION_INSTRUCTIONS, needs_compaction, safe_seq
 from dormant.runtime.deps import Dispatcher, EventSink, SeparateEnd, SliceDeps, SliceEnd
 from dormant.runtime.failures import (
-    check_deadline,
     check_history_size,
     describe,
     quarantine_row,
@@ -78,22 +75,17 @@ from dormant.runtime.outcomes import (
     Waiting,
     rewake_priority,
     settled,
-    status_after,
-    waiting_on,
 )
 from dormant.runtime.quarantine import isolate, poison
 from dormant.runtime.turn import Turn
+from dormant.runtime.watch import SliceWatch
 from dormant.stores.base import (
-    CallState,
-    Commit,
     InboxRow,
-    OutboxRow,
     Priority,
     Snapshot,
     StoredItem,
     ThreadStatus,
 )
-from dormant.stores.closing import close_calls
 from dormant.stores.lineage import compacted
 from dormant.stores.rawitem import ItemsView
 from dormant.tools.builtins import (
@@ -168,7 +160,7 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
     return outcome
 
 
-class _Slice:
+class _Slice(SliceWatch, SliceCommit):
     def __init__(self, thread_id: str, token: str, deps: SliceDeps) -> None:
         self.thread_id = thread_id
         self.token = token
@@ -180,12 +172,8 @@ class _Slice:
         self.streamed = ""
         self.attempts = 0
         self.boundary = 0
-        """The seq the turn's first item gets: where its streamed text belongs."""
-        """Completion attempts begun: with the lease token, names the chunks' attempt."""
         self.flushed_at = time.monotonic()
         self.next_check_at = 0.0
-        """When ``_on_chunk`` next flushes and checks (monotonic seconds): the first
-        chunk of a slice always does."""
         self.committed = False
         self.started_at = deps.clock()
         self.set_aside = False
@@ -282,9 +270,6 @@ class _Slice:
     def _quarantine(self, snap: Snapshot, row: InboxRow, error: str) -> Failed:
         return quarantine_row(self.deps, snap, row, error, self.events)
 
-    def _check_deadline(self) -> None:
-        check_deadline(self.deps, self.thread_id, self.started_at)
-
     # step 5-6 -------------------------------------------------------------------------
 
     def _converse(self, agent: Agent, snap: Snapshot, applied: Applied, turn: Turn) -> None:
@@ -331,18 +316,6 @@ class _Slice:
             if not calls or turn.closing or has_pending(applied.calls):
                 return
 
-    def _complete(self, model: Model, request: ModelRequest) -> Completion:
-        self._keep_lease(time.monotonic())
-        try:
-            return complete_admitted(
-                self.deps, self.caller, model, request, self._on_chunk, self._between_attempts
-            )
-        finally:  # the rest of the text goes out with the slice's other events
-            if self.streamed:
-                self.events.append(self._chunk())
-                self.streamed = ""
-            self.flushed_at = time.monotonic()
-
     def _compact(
         self,
         agent: Agent,
@@ -369,148 +342,3 @@ class _Slice:
         stored = turn.add(f"summary:{uuid.uuid4().hex}", summary)
         turn.usage = Usage()  # the old count no longer describes the history (a536c9f)
         return compacted([*visible, stored])
-
-    def _flush_chunks(self, now: float) -> None:
-        """Publish the text streamed since the last flush as one chunk, now (a live view of
-        a long completion)."""
-        if self.streamed:
-            self.deps.events.publish(self._chunk())
-            self.streamed = ""
-        self.flushed_at = now
-
-    def _chunk(self) -> Chunk:
-        # "<boundary>:<slice start, ms>:<lease token>:<model attempt>". A log that moved
-        # past the boundary (the commit's items are in) drops the chunk, which the item
-        # holds; of two attempts, the one begun later wins (a slice whose lease was lost
-        # may stream on a moment beside its successor).
-        started_ms = int(self.started_at.timestamp() * 1000)
-        attempt = f"{self.boundary}:{started_ms}:{self.token[:8]}:{self.attempts}"
-        return Chunk(thread_id=self.thread_id, text=self.streamed, attempt=attempt)
-
-    def _between_attempts(self, wait_s: float) -> None:
-        """A model attempt failed: its text goes out as its own, the next is another."""
-        self._flush_chunks(time.monotonic())
-        self.attempts += 1
-        self.deps.sleep(wait_s)
-
-    def _keep_lease(self, now: float) -> None:
-        """Renew the lease once a third of its time-to-live has passed."""
-        ttl_s = self.deps.settings.lease_ttl_s
-        if now - self.renewed_at > ttl_s / 3:
-            if not self.deps.lease.renew(self.thread_id, self.token, ttl_s):
-                raise LeaseLost(self.thread_id)
-            self.renewed_at = now
-
-    def _on_chunk(self, text: str) -> None:
-        """Buffer streamed text; now and then (``_tick_s``) flush it, renew the lease,
-        check the deadline and look for steering. Between those, a chunk costs one look
-        at the monotonic clock: 25 chunks a completion made the checks a cost of their own.
-        """
-        self.streamed += text
-        now = time.monotonic()
-        if now >= self.next_check_at:
-            self._check_stream(now)
-
-    def _check_stream(self, now: float) -> None:
-        deps = self.deps
-        settings = deps.settings
-        if now - self.flushed_at >= settings.chunk_flush_s:
-            self._flush_chunks(now)
-        self._keep_lease(now)
-        self._check_deadline()
-        if self.steering and now - self.steer_checked_at >= settings.steer_check_s:
-            self.steer_checked_at = now
-            if deps.store.has_pending_after(self.thread_id, self.seen, user_text_only=True):
-                raise SteeredAway(self.thread_id)
-        self.next_check_at = now + self._tick_s()
-
-    def _tick_s(self) -> float:
-        """How long streaming goes unchecked: the shortest of the flush interval, a third
-        of the lease's time-to-live and (when steering) the steering interval."""
-        settings = self.deps.settings
-        tick_s = min(settings.chunk_flush_s, settings.lease_ttl_s / 3)
-        return min(tick_s, settings.steer_check_s) if self.steering else tick_s
-
-    # steps 7-8 ------------------------------------------------------------------------
-
-    def _commit(
-        self, snap: Snapshot, applied: Applied, turn: Turn
-    ) -> tuple[SliceOutcome, int | None]:
-        deps = self.deps
-        thread = snap.thread
-        status = status_after(thread, applied, turn)
-        closing = status is ThreadStatus.CLOSED and thread.status is not ThreadStatus.CLOSED
-        if closing:
-            changed, results = close_calls(thread.id, applied.calls.values(), turn.free_seq)
-            for record in changed:
-                applied.set_state(record, record.state)
-            turn.items += results
-        stopped = [
-            cid
-            for cid in applied.changed
-            if cid in snap.calls
-            and snap.calls[cid].passive
-            and snap.calls[cid].state is CallState.PENDING
-            and applied.calls[cid].state is not CallState.PENDING
-        ]
-        commit = Commit(
-            thread_id=self.thread_id,
-            version=thread.version,
-            status=status,
-            inbox_seen=self.seen,
-            items=turn.items,
-            calls=[applied.calls[cid] for cid in sorted(applied.changed)],
-            done=applied.done,
-            rejected=[(row.id, reason) for row, reason in applied.rejected],
-            deferred=[row.id for row in applied.deferred],
-            outbox=turn.outbox,
-            timers=turn.timers,
-            cancel_timers=stopped,
-            threads=turn.threads,
-            close_descendants=closing,
-            enqueue=turn.enqueue,
-            usage=turn.usage,
-            spend=turn.meter.spend if turn.meter else None,
-            message_completions=turn.meter.message_completions if turn.meter else None,
-        )
-        self._check_deadline()
-        deps.crash("before_commit")
-        rows = deps.store.commit(commit)
-        if rows is None:
-            return Stale(self.thread_id), None
-        self.committed = True
-        deps.crash("after_commit")
-        self._after_commit(snap, applied, turn, status, rows)
-        return settled(self.thread_id, status, applied.calls), self.seen
-
-    def _after_commit(
-        self,
-        snap: Snapshot,
-        applied: Applied,
-        turn: Turn,
-        status: ThreadStatus,
-        rows: list[OutboxRow],
-    ) -> None:
-        deps = self.deps
-        done = set(applied.done)
-        self.applied_ids = [r.message_id for r in snap.inbox if r.id in done]
-        events = self.events
-        events += [ItemAdded(thread_id=self.thread_id, seq=s.seq, item=s.item) for s in turn.items]
-        events += [
-            Rejected(thread_id=self.thread_id, message_id=row.message_id, reason=reason)
-            for row, reason in applied.rejected
-        ]
-        if status is not snap.thread.status:
-            detail = waiting_on(applied) if status is ThreadStatus.WAITING else ""
-            events.append(StatusChanged(thread_id=self.thread_id, status=status, detail=detail))
-        for thread_id in {t for t, *_ in turn.enqueue}:
-            deps.dispatcher.wake(thread_id, Priority.BACKGROUND)
-        for outbox in rows:
-            deps.dispatcher.dispatch(outbox)
-            known = applied.calls.get(outbox.call_id)
-            name = known.name if known and outbox.thread_id == self.thread_id else outbox.action
-            events.append(
-                ToolDispatched(thread_id=outbox.thread_id, call_id=outbox.call_id, name=name)
-            )
-        if rows:  # one stamp for all: a row sent but not stamped is only sent again
-            deps.store.mark_dispatched([outbox.id for outbox in rows])

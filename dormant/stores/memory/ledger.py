@@ -5,17 +5,23 @@ has a resolution of a minute here).
 An entry per slice as Python tuples cost about 16 KB of resident memory per agent after
 40 completions (``bench/workload.py dormant-memory``: 381 KB an idle agent instead of
 363 KB); packed and folded by minute, an agent that talks for a minute keeps 48 bytes.
+
+``MemorySpending`` is mixed into ``MemoryStore``: a commit's spend goes into the ledger and
+onto its root's tree totals; ``usage`` reads the ledger back, under the store's lock.
 """
 
 from __future__ import annotations
 
 import struct
+import threading
 from collections.abc import Iterable
 from datetime import datetime
+from typing import Any
 
-from dormant.stores.base import Spend
+from dormant.stores.base import Spend, ThreadInfo
+from dormant.stores.memory import thread as stored
 
-__all__ = ["MemoryLedger"]
+__all__ = ["MemoryLedger", "MemorySpending"]
 
 _ENTRY = struct.Struct("<qqqqqd")
 """(minute since the epoch, completions, input, output, cached tokens, cost)."""
@@ -86,3 +92,40 @@ class MemoryLedger:
 
 def _spend(entry: tuple[int, int, int, int, int, float]) -> Spend:
     return Spend(entry[1], entry[2], entry[3], entry[4], entry[5])
+
+
+class MemorySpending:
+    _lock: threading.RLock
+    _threads: dict[str, stored.StoredThread]
+    _ledger: MemoryLedger
+
+    def _get(self, thread_id: str) -> stored.StoredThread:
+        raise NotImplementedError
+
+    def usage(
+        self,
+        *,
+        thread_id: str | None = None,
+        agent: str | None = None,
+        since: datetime | None = None,
+    ) -> dict[str, Spend]:
+        with self._lock:
+            if thread_id is not None:
+                self._get(thread_id)
+            return self._ledger.usage(thread_id, agent, since)
+
+    def _add_spend(
+        self, info: ThreadInfo, spend: Spend, now: datetime, changes: dict[str, Any]
+    ) -> None:
+        """A ledger entry, and the tokens and cost on the root's tree totals: through
+        ``changes`` for a root's own commit; else on the root's record as it is, its
+        version untouched (a root's slice must not go stale for its child's commit)."""
+        self._ledger.add(info.id, info.agent, now, spend)
+        root_id = info.root_id or info.id
+        if root_id == info.id:
+            changes["tree_tokens"] = info.tree_tokens + spend.tokens
+            changes["tree_cost"] = info.tree_cost + spend.cost
+            return
+        root = self._threads.get(root_id)
+        if root is not None:
+            stored.add_to_tree(root, spend.tokens, spend.cost)

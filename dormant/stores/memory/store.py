@@ -14,16 +14,19 @@ cost memory for nothing) or when it is the least recently used of more than
 ``max_hot_threads`` hot threads. A thread waiting on a tool stays hot: its result usually
 comes soon, and its next slice then decodes nothing. Pending inbox rows, outbox rows and
 timers are few and short-lived, so they stay as objects.
+
+The rest is mixed in, under the same lock: closing (``closing.py``), quarantine and
+retention (``retention.py``), spend and usage (``ledger.py``), timers, outbox rows and what
+the sweeper asks (``sweep.py``).
 """
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import threading
 from collections import OrderedDict
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from dormant.errors import (
@@ -45,9 +48,7 @@ from dormant.stores.base import (
     NewThread,
     NewTimer,
     OutboxRow,
-    Priority,
     Snapshot,
-    Spend,
     StoredItem,
     ThreadInfo,
     ThreadStatus,
@@ -57,14 +58,15 @@ from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.memory import thread as stored
 from dormant.stores.memory.blob import unpack_lines
 from dormant.stores.memory.closing import MemoryClosing
-from dormant.stores.memory.ledger import MemoryLedger
+from dormant.stores.memory.ledger import MemoryLedger, MemorySpending
 from dormant.stores.memory.retention import MemoryRetention, _waiting
+from dormant.stores.memory.sweep import MemorySweep
 from dormant.stores.rawitem import item_line
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryClosing, MemoryRetention):
+class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep):
     """``Store`` in memory; thread-safe behind one lock."""
 
     def __init__(self, max_hot_threads: int = 256) -> None:
@@ -148,18 +150,6 @@ class MemoryStore(MemoryClosing, MemoryRetention):
     def set_metadata(self, thread_id: str, metadata: dict[str, Any]) -> ThreadInfo:
         with self._lock:
             return stored.update(self._get(thread_id), metadata=dict(metadata))
-
-    def usage(
-        self,
-        *,
-        thread_id: str | None = None,
-        agent: str | None = None,
-        since: datetime | None = None,
-    ) -> dict[str, Spend]:
-        with self._lock:
-            if thread_id is not None:
-                self._get(thread_id)
-            return self._ledger.usage(thread_id, agent, since)
 
     # inbox ----------------------------------------------------------------------------
 
@@ -282,22 +272,6 @@ class MemoryStore(MemoryClosing, MemoryRetention):
                 self._cool(commit.thread_id, t)  # its turn is over: it waits for a person
             return created
 
-    def _add_spend(
-        self, info: ThreadInfo, spend: Spend, now: datetime, changes: dict[str, Any]
-    ) -> None:
-        """A ledger entry, and the tokens and cost on the root's tree totals: through
-        ``changes`` for a root's own commit; else on the root's record as it is, its
-        version untouched (a root's slice must not go stale for its child's commit)."""
-        self._ledger.add(info.id, info.agent, now, spend)
-        root_id = info.root_id or info.id
-        if root_id == info.id:
-            changes["tree_tokens"] = info.tree_tokens + spend.tokens
-            changes["tree_cost"] = info.tree_cost + spend.cost
-            return
-        root = self._threads.get(root_id)
-        if root is not None:
-            stored.add_to_tree(root, spend.tokens, spend.cost)
-
     def defer(self, thread_id: str, not_before: datetime) -> None:
         with self._lock:
             stored.update(self._get(thread_id), retry_at=not_before)
@@ -313,19 +287,6 @@ class MemoryStore(MemoryClosing, MemoryRetention):
             return stored.update(
                 t, failures=failures, last_error=error, status=status, retry_at=retry_at
             )
-
-    def mark_dispatched(self, outbox_ids: list[int]) -> None:
-        now = stored.now()
-        with self._lock:
-            for row_id in outbox_ids:
-                row = self._outbox.get(row_id)
-                if row is not None:
-                    self._outbox[row_id] = replace(row, dispatched_at=now)
-
-    def mark_ran(self, outbox_ids: list[int]) -> None:
-        with self._lock:
-            for row_id in outbox_ids:
-                self._outbox.pop(row_id, None)  # ran rows are done with: keep nothing
 
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
@@ -362,101 +323,6 @@ class MemoryStore(MemoryClosing, MemoryRetention):
             rows += self._open.get(thread_id, {}).values()
         rows.sort(key=lambda r: r.id)
         return [r for r in rows if state is None or r.state is state]
-
-    # sweeper --------------------------------------------------------------------------
-
-    def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
-        fired: list[InboxRow] = []
-        with self._lock:
-            while self._timer_heap and self._timer_heap[0][0] <= now and len(fired) < limit:
-                _, timer_id = heapq.heappop(self._timer_heap)
-                timer = self._timers.pop(timer_id, None)
-                if timer is None:
-                    continue  # cancelled
-                t = self._threads.get(timer.thread_id)
-                if t is None or t.seen(timer.message_id):
-                    continue
-                row = self._insert_row(
-                    t, timer.thread_id, timer.message_id, timer.message, Priority.BACKGROUND
-                )
-                fired.append(row)
-        return fired
-
-    def undispatched(
-        self, older_than: datetime, limit: int = 100, *, lost_before: datetime | None = None
-    ) -> list[OutboxRow]:
-        def stranded(row: OutboxRow) -> bool:
-            if row.dispatched_at is None:
-                return row.created_at <= older_than
-            if lost_before is None or row.dispatched_at > lost_before:
-                return False
-            return row.claimed_until is None or row.claimed_until <= lost_before
-
-        with self._lock:
-            rows = [r for r in self._outbox.values() if stranded(r)]
-        return sorted(rows, key=lambda r: r.id)[:limit]
-
-    def claim_outbox(self, outbox_id: int, until: datetime) -> int:
-        with self._lock:
-            row = self._outbox.get(outbox_id)
-            live = row is not None and row.claimed_until is not None
-            if row is None or (live and row.claimed_until >= datetime.now(UTC)):  # type: ignore[operator]
-                return 0
-            self._outbox[outbox_id] = replace(row, claimed_until=until, runs=row.runs + 1)
-            return row.runs + 1
-
-    def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
-        with self._lock:
-            row = self._outbox.get(outbox_id)
-            if row is None:
-                return False
-            self._outbox[outbox_id] = replace(row, claimed_until=until)
-            return True
-
-    def expired_claims(self, now: datetime, limit: int = 100) -> list[OutboxRow]:
-        with self._lock:
-            rows = [
-                r
-                for r in self._outbox.values()
-                if r.claimed_until is not None and r.claimed_until < now
-            ]
-        return sorted(rows, key=lambda r: r.id)[:limit]
-
-    def reclaim_outbox(self, outbox_id: int, now: datetime) -> bool:
-        with self._lock:
-            row = self._outbox.get(outbox_id)
-            if row is None or row.claimed_until is None or row.claimed_until >= now:
-                return False
-            self._outbox[outbox_id] = replace(row, claimed_until=None, dispatched_at=now)
-            return True
-
-    def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
-        return [thread_id for thread_id, _ in self.wakes_due(limit, now=now)]
-
-    def wakes_due(self, limit: int = 100, *, now: datetime | None = None) -> list[tuple[str, int]]:
-        with self._lock:
-            waiting: list[tuple[int, int, str]] = []  # (-priority, oldest pending row, thread)
-            for thread_id, rows in self._open.items():
-                pending = [r for r in rows.values() if r.state is InboxState.PENDING]
-                if not pending:
-                    continue
-                info = stored.info_of(self._threads[thread_id])
-                backing_off = now is not None and info.retry_at is not None and info.retry_at > now
-                if backing_off and info.failures == 0:  # deferred for model capacity:
-                    pending = [r for r in pending if r.priority >= Priority.INTERACTIVE]
-                    backing_off = not pending  # user text does not wait for its place
-                if info.status is not ThreadStatus.STALLED and not backing_off:
-                    oldest = min(r.id for r in pending)
-                    waiting.append((-max(r.priority for r in pending), oldest, thread_id))
-            # user text first, then the longest waiting (a burst of deferred background
-            # threads coming due never holds back a user's message)
-            return [(thread_id, -negated) for negated, _, thread_id in sorted(waiting)[:limit]]
-
-    def next_timer_due(self) -> datetime | None:
-        with self._lock:
-            while self._timer_heap and self._timer_heap[0][1] not in self._timers:
-                heapq.heappop(self._timer_heap)
-            return self._timer_heap[0][0] if self._timer_heap else None
 
     def stored_bytes(self, thread_id: str) -> int:
         """The bytes this store keeps for one idle thread (cooled first)."""
@@ -525,14 +391,3 @@ class MemoryStore(MemoryClosing, MemoryRetention):
         t.ids.add(message_id)
         self._open.setdefault(thread_id, {})[row.id] = row
         return row
-
-    def _add_timer(self, thread_id: str, timer: NewTimer) -> None:
-        key = (thread_id, timer.message_id)
-        if key in self._timer_keys:
-            return
-        self._timer_keys.add(key)
-        row = TimerRow(
-            next(self._ids), thread_id, timer.call_id, timer.due_at, timer.message_id, timer.message
-        )
-        self._timers[row.id] = row
-        heapq.heappush(self._timer_heap, (row.due_at, row.id))

@@ -1,0 +1,125 @@
+"""Steps 7-8 of a slice (``runtime/slice.py``): commit the turn in one transaction guarded
+by the thread's version, then tell and dispatch what it wrote.
+
+The commit carries the turn's items, changed calls, inbox rows marked done, rejected or
+deferred, outbox rows, timers (and the timers of passive calls that stopped), new
+threads and messages to other threads (and, when the turn closes the thread, its open
+calls closed and its descendants with it); a version that moved makes the slice ``Stale``.
+After it: the events (items, rejections, a status change, dispatched tools), wake-ups for
+the threads written to, and one stamp for every outbox row dispatched.
+
+``SliceCommit`` is mixed into the slice (``_Slice``), which sets its attributes.
+"""
+
+from __future__ import annotations
+
+from dormant.messages import Event, ItemAdded, Rejected, StatusChanged, ToolDispatched
+from dormant.runtime.deps import SliceDeps
+from dormant.runtime.history import Applied
+from dormant.runtime.outcomes import SliceOutcome, Stale, settled, status_after, waiting_on
+from dormant.runtime.turn import Turn
+from dormant.stores.base import (
+    CallState,
+    Commit,
+    OutboxRow,
+    Priority,
+    Snapshot,
+    ThreadStatus,
+)
+from dormant.stores.closing import close_calls
+
+__all__ = ["SliceCommit"]
+
+
+class SliceCommit:
+    thread_id: str
+    deps: SliceDeps
+    seen: int
+    committed: bool
+    applied_ids: list[str]
+    events: list[Event]
+
+    def _check_deadline(self) -> None:
+        raise NotImplementedError
+
+    def _commit(
+        self, snap: Snapshot, applied: Applied, turn: Turn
+    ) -> tuple[SliceOutcome, int | None]:
+        deps = self.deps
+        thread = snap.thread
+        status = status_after(thread, applied, turn)
+        closing = status is ThreadStatus.CLOSED and thread.status is not ThreadStatus.CLOSED
+        if closing:
+            changed, results = close_calls(thread.id, applied.calls.values(), turn.free_seq)
+            for record in changed:
+                applied.set_state(record, record.state)
+            turn.items += results
+        stopped = [
+            cid
+            for cid in applied.changed
+            if cid in snap.calls
+            and snap.calls[cid].passive
+            and snap.calls[cid].state is CallState.PENDING
+            and applied.calls[cid].state is not CallState.PENDING
+        ]
+        commit = Commit(
+            thread_id=self.thread_id,
+            version=thread.version,
+            status=status,
+            inbox_seen=self.seen,
+            items=turn.items,
+            calls=[applied.calls[cid] for cid in sorted(applied.changed)],
+            done=applied.done,
+            rejected=[(row.id, reason) for row, reason in applied.rejected],
+            deferred=[row.id for row in applied.deferred],
+            outbox=turn.outbox,
+            timers=turn.timers,
+            cancel_timers=stopped,
+            threads=turn.threads,
+            close_descendants=closing,
+            enqueue=turn.enqueue,
+            usage=turn.usage,
+            spend=turn.meter.spend if turn.meter else None,
+            message_completions=turn.meter.message_completions if turn.meter else None,
+        )
+        self._check_deadline()
+        deps.crash("before_commit")
+        rows = deps.store.commit(commit)
+        if rows is None:
+            return Stale(self.thread_id), None
+        self.committed = True
+        deps.crash("after_commit")
+        self._after_commit(snap, applied, turn, status, rows)
+        return settled(self.thread_id, status, applied.calls), self.seen
+
+    def _after_commit(
+        self,
+        snap: Snapshot,
+        applied: Applied,
+        turn: Turn,
+        status: ThreadStatus,
+        rows: list[OutboxRow],
+    ) -> None:
+        deps = self.deps
+        done = set(applied.done)
+        self.applied_ids = [r.message_id for r in snap.inbox if r.id in done]
+        events = self.events
+        events += [ItemAdded(thread_id=self.thread_id, seq=s.seq, item=s.item) for s in turn.items]
+        events += [
+            Rejected(thread_id=self.thread_id, message_id=row.message_id, reason=reason)
+            for row, reason in applied.rejected
+        ]
+        if status is not snap.thread.status:
+            detail = waiting_on(applied) if status is ThreadStatus.WAITING else ""
+            events.append(StatusChanged(thread_id=self.thread_id, status=status, detail=detail))
+        for thread_id in {t for t, *_ in turn.enqueue}:
+            deps.dispatcher.wake(thread_id, Priority.BACKGROUND)
+        for outbox in rows:
+            deps.dispatcher.dispatch(outbox)
+            known = applied.calls.get(outbox.call_id)
+            name = known.name if known and outbox.thread_id == self.thread_id else outbox.action
+            events.append(
+                ToolDispatched(thread_id=outbox.thread_id, call_id=outbox.call_id, name=name)
+            )
+        if rows:  # one stamp for all: a row sent but not stamped is only sent again
+            deps.store.mark_dispatched([outbox.id for outbox in rows])
