@@ -125,3 +125,55 @@ def test_a_wake_sent_to_a_stalled_redis_broker_fails_instead_of_waiting(
     dispatcher.close_broker()
     assert not stalled, f"the wake still waited for the broker after {STALLED_WAKE_BOUND_S} s"
     assert outcome and isinstance(outcome[0], Exception), outcome
+
+
+def _clients_built(url: str, transport: str | None, messages: int) -> int:
+    """Redis clients a channel builds to publish, receive and acknowledge ``messages``."""
+    built = 0
+    conn = Connection(url, transport=transport)
+    channel = conn.default_channel
+    create = channel._create_client
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        nonlocal built
+        if not kwargs.get("asynchronous"):  # the consumer's own BRPOP client is kombu's
+            built += 1
+        return create(*args, **kwargs)
+
+    channel._create_client = counted
+    queue = Queue("q", Exchange("q", type="direct"), routing_key="q")
+    with conn.Producer(channel) as producer:
+        for n in range(messages):
+            producer.publish({"n": n}, exchange=queue.exchange, routing_key="q", declare=[queue])
+    received: list[Any] = []
+    consumer = conn.Consumer([queue], channel=channel, callbacks=[lambda _b, m: m.ack()])
+    consumer.register_callback(lambda body, _m: received.append(body))
+    consumer.consume()
+    while len(received) < messages:
+        conn.drain_events(timeout=10)
+    conn.release()
+    return built
+
+
+def test_one_redis_client_serves_a_channels_publishes_and_acknowledgements(
+    own_redis: OwnRedis,
+) -> None:
+    """kombu builds a client (and copies redis-py's response callbacks) for every publish
+    and acknowledgement: a tenth of a busy worker's CPU. dormant's channel builds one."""
+    assert _clients_built(own_redis.url, None, 20) >= 40
+    assert _clients_built(own_redis.url, TRANSPORT, 20) == 1
+
+
+def test_the_shared_client_follows_the_channels_pool_when_kombu_replaces_it(
+    own_redis: OwnRedis,
+) -> None:
+    conn = Connection(own_redis.url, transport=TRANSPORT)
+    channel = conn.default_channel
+    with channel.conn_or_acquire() as first:
+        first.set("k", "1")
+    channel._after_fork()  # what a forked child does: the pools are dropped
+    with channel.conn_or_acquire() as second:
+        assert second.get("k") == b"1"
+    assert second is not first
+    assert second.connection_pool is channel.pool
+    conn.release()

@@ -1,4 +1,5 @@
-"""kombu's Redis transport, with one defect worked around: a closed connection's channel.
+"""kombu's Redis transport, with one defect worked around (a closed connection's channel),
+one cost removed (a client built for every command) and a wake's claim carried in a publish.
 
 When a worker loses its Redis broker with tasks in flight, Celery's consumer first
 ``collect()``s the broken connection (which closes the transport and sets its ``client``
@@ -18,6 +19,8 @@ qualified class path is a documented kombu transport name).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -62,7 +65,7 @@ CARRIED_CLAIM: ContextVar[CarriedClaim | None] = ContextVar("dormant_carried_cla
 
 
 class Channel(kombu_redis.Channel):
-    _publisher_client: Any = None
+    _shared_client: Any = None
 
     def _put(self, queue: str, message: Any, **kwargs: Any) -> None:
         """Push ``message``; with a claim carried, only if the claim admits it, in one
@@ -75,15 +78,26 @@ class Channel(kombu_redis.Channel):
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[no-untyped-call]
         key = self.global_keyprefix + self._q_for_pri(queue, priority)  # type: ignore[no-untyped-call]
         args = (claim.priority, claim.ttl_ms, dumps(message))  # type: ignore[no-untyped-call]
-        pushed = self._publisher().eval(_CLAIM_AND_PUSH, 2, key, claim.mark_key, *args)
+        pushed = self._one_client().eval(_CLAIM_AND_PUSH, 2, key, claim.mark_key, *args)
         claim.admitted = bool(pushed)
 
-    def _publisher(self) -> Any:
-        """A client on the channel's pool, built once: kombu builds one per publish
-        (``conn_or_acquire``), which cost more CPU than the publish's own round trip."""
-        if self._publisher_client is None:
-            self._publisher_client = self._create_client()  # type: ignore[no-untyped-call]
-        return self._publisher_client
+    @contextmanager
+    def conn_or_acquire(self, client: Any = None) -> Iterator[Any]:
+        """The client for a publish, an acknowledgement or an event: kombu builds a new one
+        each time (with its own copy of redis-py's ~200 response callbacks), about a tenth
+        of a busy worker's CPU; here one client on the channel's pool serves them all (a
+        redis-py client is safe to share between threads: each command takes a connection
+        from the pool)."""
+        yield client if client else self._one_client()
+
+    def _one_client(self) -> Any:
+        """The channel's one synchronous client, built again when kombu replaces its pool
+        (after a fork, or a lost connection)."""
+        pool = self.pool
+        client = self._shared_client
+        if client is None or client.connection_pool is not pool:
+            client = self._shared_client = self._create_client()  # type: ignore[no-untyped-call]
+        return client
 
     def _connparams(self, asynchronous: bool = False) -> Any:
         if self.connection is None or self.connection.client is None:

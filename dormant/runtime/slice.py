@@ -116,9 +116,6 @@ __all__ = [
 log = logging.getLogger("dormant.slice")
 
 
-# Outcomes ---------------------------------------------------------------------------------
-
-
 def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
     """Run one slice of ``thread_id``; see the module docstring for the steps.
 
