@@ -160,7 +160,7 @@ def celery_us(f: Figures, phase: tuple[str, ...], own: str, baseline: str) -> st
     """The worker's CPU per slice less the model's, beside the baseline task's CPU."""
     slice_us = less_model(f, get(f, "celery", *phase, own))
     task_us = shown(get(f, "celery", *phase, baseline), ",.0f")
-    return "-" if slice_us == "-" else f"{slice_us} (baseline task {task_us})"
+    return "-" if slice_us == "-" else f"{slice_us} (task {task_us})"
 
 
 ROWS = (
@@ -172,63 +172,63 @@ ROWS = (
         lambda f: own_us(f, "dormant-memory"),
     ),
     Row(
-        "completions per CPU-second vs LangGraph",
+        "completions per CPU-s vs LangGraph",
         ">= 20",
         lambda f: shown(vs_langgraph(f), ".1f"),
         at_least(20, vs_langgraph),
         lambda f: f"{own_us(f, 'dormant-memory')} (LangGraph {own_us(f, 'langgraph')})",
     ),
     Row(
-        "Celery: slices/s / no-op tasks/s, from Client.send, 1 worker",
+        "Celery, 1 worker: slices/s / no-ops/s, from send",
         ">= 0.5",
         lambda f: shown(send_ratio(f), ".2f"),
         at_least(0.5, send_ratio),
         lambda f: celery_us(f, ("throughput", "1"), "slice_cpu_us", "noop_cpu_us"),
     ),
     Row(
-        "one sender: Client.send calls/s / send_task calls/s",
+        "one sender: Client.send/s / send_task/s",
         "",
         lambda f: shown(get(f, "celery", "throughput", "1", "sender_ratio"), ".2f"),
         lambda f: None,
         lambda f: "",
     ),
     Row(
-        "Celery: deliver -> slice start p50 / no-op p50",
+        "Celery: deliver -> start p50 / no-op p50",
         "<= 1.2",
         lambda f: shown(wake_ratio(f), ".2f"),
         at_most(1.2, wake_ratio),
         lambda f: celery_us(f, ("latency", "low_load"), "deliver_cpu_us", "noop_cpu_us"),
     ),
     Row(
-        "waiting: blocking loop wall / dormant wall, 1 worker, 8 slots",
-        ">= 20 (200 x 5 s)",
+        "waiting: blocking wall / dormant wall",
+        ">= 20 at 200 x 5 s",
         lambda f: shown(waiting_ratio(f), ".1f") + waiting_size(f),
         at_least(20, waiting_ratio),
         lambda f: celery_us(f, ("waiting",), "dormant_cpu_us", "blocking_cpu_us"),
     ),
     Row(
-        "SQLite embedded / memory store, per CPU-second",
+        "SQLite / memory store, per CPU-s",
         ">= 0.7",
         lambda f: shown(sqlite_vs_memory(f), ".2f"),
         at_least(0.7, sqlite_vs_memory),
         lambda f: f"{own_us(f, 'dormant-sqlite')} (memory {own_us(f, 'dormant-memory')})",
     ),
     Row(
-        "PostgreSQL: bytes on disk per idle thread (largest size)",
+        "PostgreSQL: disk bytes per idle thread",
         "<= 10,240",
         lambda f: shown(bytes_per_idle_thread(f), ",.0f"),
         at_most(10_240, bytes_per_idle_thread),
         lambda f: "",
     ),
     Row(
-        "PostgreSQL: wake p50, most idle threads / fewest",
+        "PostgreSQL: wake p50, most / fewest idle",
         "<= 1.10",
         lambda f: shown(idle_ratio(f, "deliver", "p50_ms"), ".2f"),
         at_most(1.10, lambda f: idle_ratio(f, "deliver", "p50_ms")),
         lambda f: "",
     ),
     Row(
-        "PostgreSQL: worker RSS, most idle threads / fewest",
+        "PostgreSQL: worker RSS, most / fewest idle",
         "<= 1.10",
         lambda f: shown(idle_ratio(f, "worker_rss_bytes"), ".2f"),
         at_most(1.10, lambda f: idle_ratio(f, "worker_rss_bytes")),
@@ -257,8 +257,8 @@ def main() -> None:
     table.add_column("after" if before is not None else "now", justify="right")
     table.add_column("met", justify="center")
     if before is not None:
-        table.add_column("own CPU µs a completion, before", justify="right")
-    table.add_column("own CPU µs a completion", justify="right")
+        table.add_column("own µs, before", justify="right")
+    table.add_column("own µs", justify="right")
     for row in ROWS:
         met = {True: "yes", False: "no", None: ""}[row.met(after)]
         if before is None:
@@ -269,10 +269,10 @@ def main() -> None:
         table.add_row(row.measure, row.target, *cells)
     console.print(table)
     console.print(
-        "own CPU µs a completion: CPU per completion less the simulated model's own, "
+        "own µs: CPU microseconds per completion less the simulated model's own, "
         f"{model_us(after)} µs (its text, streamed in 48-character chunks to a sink that does "
         "nothing, measured alone in the same run); on Celery, the worker's CPU per slice (one "
-        "completion) less the model's, beside the baseline task's whole CPU"
+        "completion) less the model's, beside the baseline task's whole CPU (task)"
     )
 
 
