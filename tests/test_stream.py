@@ -15,13 +15,19 @@ from dormant.errors import InvalidStreamId, UnknownThread
 from dormant.http.stream import sse_response
 from dormant.messages import Item, UserText
 from dormant.models import Completion, ScriptedModel, call, reply
+from dormant.runtime.stream import LOST_CLOSE_AFTER_S, StreamReader
+from dormant.stores.memory.live import MemoryLive
 from dormant.streams import (
+    CLOSED_N,
+    LiveEntry,
     StreamChunk,
     StreamDispatched,
     StreamEvent,
     StreamItem,
     StreamRetry,
     StreamStatus,
+    format_id,
+    parse_id,
 )
 from tests.conftest import BACKENDS, StoreOpener
 from tests.stream_support import BackgroundReader, Streamer, check_rebuilds
@@ -234,3 +240,61 @@ def wait_for(condition: Callable[[], object], what: str, timeout_s: float = 30.0
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.005)
+
+
+class _CloseNotYetLive:
+    """The live log as a reader sees it between a close's commit and its live status:
+    everything but the ``closed`` status, while ``held``."""
+
+    def __init__(self, live: MemoryLive) -> None:
+        self.live = live
+        self.held = True
+
+    def watch(self, thread_id: str, c: int | None) -> None:
+        self.live.watch(thread_id, c)
+
+    def read(self, thread_id: str, after: tuple[int, int], block_s: float) -> list[LiveEntry]:
+        entries = self.live.read(thread_id, after, block_s)
+        if not self.held:
+            return entries
+        return [e for e in entries if e.data.get("status") != "closed"]
+
+    def closed_at(self, thread_id: str) -> tuple[int, int] | None:
+        return None if self.held else self.live.closed_at(thread_id)
+
+
+def test_a_reader_between_a_close_and_its_live_status_waits_for_the_status() -> None:
+    """The store shows a close a moment before its live status reaches the log. A reader
+    that reads the store in that moment delivers the live status when it comes (the id
+    every other reader gets), and says the close itself only when none came for
+    ``LOST_CLOSE_AFTER_S`` (a Redis flush, a crash between the two)."""
+    now = [0.0]
+    with _memory(Streamer(words=3)) as system:
+        thread_id = system.launch("streamer", "hello")
+        system.run_until_idle()
+        late, lost = _CloseNotYetLive(system.live), _CloseNotYetLive(system.live)
+        readers = [
+            StreamReader(thread_id, system.store, log, clock=lambda: now[0])  # type: ignore[arg-type]
+            for log in (late, lost)
+        ]
+        assert all(r.poll(0.0) for r in readers)  # the history so far; each watches the thread
+        system.close_thread(thread_id, reason="done here")
+        now[0] += readers[0].refresh_s  # each reads the store again: closed, no live status
+        assert [r.poll(0.0) for r in readers] == [[], []]
+        assert not any(r.done for r in readers)
+
+        late.held = False
+        (status,) = readers[0].poll(0.0)
+        assert status == StreamStatus(
+            id=format_id(*system.live.closed_at(thread_id)),  # type: ignore[misc]
+            status="closed",
+            detail="done here",
+        )
+        assert readers[0].done
+
+        now[0] += LOST_CLOSE_AFTER_S / 2
+        assert readers[1].poll(0.0) == [] and not readers[1].done
+        now[0] += LOST_CLOSE_AFTER_S / 2
+        (said,) = readers[1].poll(0.0)
+    assert said.type == "status" and said.status == "closed"  # type: ignore[union-attr]
+    assert parse_id(said.id)[1] == CLOSED_N and readers[1].done

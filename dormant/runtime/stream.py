@@ -8,6 +8,8 @@ store's items from ``expected`` on. The log is read before the store, and every 
 in the store before its events reach the log, so an item the log announces is always in
 the store read that follows: nothing is skipped. Items from the store and from the log
 share their ids, and anything at or before the place is dropped: nothing is seen twice.
+A close is the one event the store can show before the log does: the reader waits for its
+live status (``LOST_CLOSE_AFTER_S``) and says the close itself only when none came.
 """
 
 from __future__ import annotations
@@ -39,6 +41,11 @@ __all__ = ["REFRESH_S", "StreamReader", "astream", "stream"]
 REFRESH_S = 10.0
 """How often an idle reader re-marks its thread watched and re-reads the store (what it
 missed while the live log was lost is in the store)."""
+LOST_CLOSE_AFTER_S = 2.0
+"""How long a close the store shows may go without its live status before the reader says
+it itself. The live status follows the commit by milliseconds; a reader that read the
+store in between must wait for it (its id is the one every other reader gets), and only
+a close whose status never came (a Redis flush, a crash between the two) is said here."""
 _LOST = (
     "the live stream restarted (a Redis flush or a long pause); text since the last item is lost"
 )
@@ -63,6 +70,8 @@ class StreamReader:
     _read: tuple[int, int] = (0, 0)
     _refresh_at: float = field(default=0.0)
     _started: bool = False
+    _close_seen_at: float | None = None
+    """When the store first showed the thread closed with no live close in the log."""
 
     def __post_init__(self) -> None:
         if self.after is not None:
@@ -158,6 +167,8 @@ class StreamReader:
         if fetched is not None and not self.done:
             _, info, closed = fetched
             if info.status is ThreadStatus.CLOSED and (closed is None or closed <= self.place):
+                if closed is None and not self._close_lost():
+                    return out
                 synthetic = (self.expected, CLOSED_N)
                 if closed is None and synthetic > self.place:  # the live close was lost: say it
                     status = StreamStatus(
@@ -168,6 +179,16 @@ class StreamReader:
                     self._emit(status, synthetic, out)
                 self.done = True
         return out
+
+    def _close_lost(self) -> bool:
+        """Whether the store's close has waited ``LOST_CLOSE_AFTER_S`` for its live status;
+        until then the store is read again when that time is up."""
+        now = self.clock()
+        if self._close_seen_at is None:
+            self._close_seen_at = now
+        due = self._close_seen_at + LOST_CLOSE_AFTER_S
+        self._refresh_at = min(self._refresh_at, due)
+        return now >= due
 
     def _deliver_items_before(
         self, limit: int | None, stored: dict[int, StoredItem], out: list[StreamEvent]
