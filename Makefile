@@ -26,10 +26,11 @@ lint: $(VENV)/.synced
 types: $(VENV)/.synced
 	$(BIN)/mypy
 
-# PYTEST_WORKERS=N runs the suite in N pytest-xdist processes; tests that must not overlap
-# share an xdist_group (one process runs them in turn). The default is one process: on the
-# 2-core machine, 4 processes ran the Celery tests slower, not faster (86 tests in 8 min).
-PYTEST_WORKERS ?= 0
+# PYTEST_WORKERS=N runs the suite in N pytest-xdist processes (0: one process). The Celery
+# tests share an xdist_group (tests/celery/conftest.py): one process runs them in turn, the
+# other the rest. On the 2-core machine two processes took 11.6 min against 27 for one;
+# four ran the Celery tests slower (86 tests in 8 min).
+PYTEST_WORKERS ?= 2
 PYTEST_XDIST = $(if $(findstring no:xdist,$(PYTEST_ARGS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
 
 unit: $(VENV)/.synced

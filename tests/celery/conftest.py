@@ -46,9 +46,11 @@ ROOT = HERE.parent.parent
 REDIS_URL = os.environ.get("DORMANT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FLUSH_REDIS_DB = int(os.environ.get("DORMANT_TEST_FLUSH_REDIS_DB", "7"))
 """A Redis database the flush test may FLUSHDB (only if it holds nothing but this run's keys)."""
-FLUSH_GROUP = "redis_flush_db"
-"""The ``xdist_group`` of the tests that flush ``FLUSH_REDIS_DB``: ``make unit`` runs a group's
-tests one after another in one pytest-xdist worker, so one never flushes the other's keys."""
+CELERY_GROUP = "celery"
+"""The ``xdist_group`` of every test here: with ``PYTEST_WORKERS`` set, one pytest-xdist
+process runs them one after another while the others take the rest of the suite. Each
+starts real worker processes; two at once on 2 cores only slowed both (and the two tests
+that flush ``FLUSH_REDIS_DB`` must never overlap)."""
 FLUSH_REDIS_URL = f"{REDIS_URL.rsplit('/', 1)[0]}/{FLUSH_REDIS_DB}"
 AMQP_URL = os.environ.get("DORMANT_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
 """RabbitMQ, without a virtual host: each session adds its own with ``rabbitmqctl``."""
@@ -65,6 +67,13 @@ _CLI = (
     "import typer; from dormant.cli.workers import beat, worker; app = typer.Typer(); "
     "app.command()(worker); app.command()(beat); app()"
 )
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.xdist_group(CELERY_GROUP))
 
 
 def _unavailable(reason: str) -> None:

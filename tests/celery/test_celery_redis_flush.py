@@ -10,7 +10,6 @@ from collections.abc import Callable
 import pytest
 import redis
 from conftest import (
-    FLUSH_GROUP,
     FLUSH_REDIS_DB,
     FLUSH_REDIS_URL,
     REDIS_URL,
@@ -47,7 +46,6 @@ def _dedicated_redis(prefix: str) -> redis.Redis:
     return conn
 
 
-@pytest.mark.xdist_group(FLUSH_GROUP)
 def test_flushing_redis_mid_run_loses_nothing(deploy: Callable[..., Deployment]) -> None:
     d = deploy(DORMANT_REDIS_URL=FLUSH_REDIS_URL, DORMANT_LEASE_TTL_S="3")
     dormant_redis = _dedicated_redis(d.prefix)

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import redis
-from conftest import FLUSH_GROUP, FLUSH_REDIS_DB, FLUSH_REDIS_URL, Deployment, wait_until
+from conftest import FLUSH_REDIS_DB, FLUSH_REDIS_URL, Deployment, wait_until
 
 from dormant.client import Client
 from dormant.messages import AssistantTurn
@@ -73,7 +73,6 @@ def test_a_worker_killed_mid_answer_streams_retry_then_the_answer(
     assert retries == ["the model's answer was abandoned and is being retried"]
 
 
-@pytest.mark.xdist_group(FLUSH_GROUP)
 def test_a_redis_flush_mid_answer_streams_retry_and_loses_no_item(
     deploy: Callable[..., Deployment],
 ) -> None:
