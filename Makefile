@@ -28,7 +28,7 @@ types: $(VENV)/.synced
 
 # PYTEST_WORKERS=N runs the suite in N pytest-xdist processes (0: one process). The Celery
 # tests share an xdist_group (tests/celery/conftest.py): one process runs them in turn, the
-# other the rest. On the 2-core machine two processes took 11.6 min against 27 for one;
+# other the rest. On the 2-core machine two processes took about 12 min against 27 for one;
 # four ran the Celery tests slower (86 tests in 8 min).
 PYTEST_WORKERS ?= 2
 PYTEST_XDIST = $(if $(findstring no:xdist,$(PYTEST_ARGS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
