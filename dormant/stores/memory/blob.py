@@ -7,12 +7,9 @@
   chunks), and the chunks read back as one stream, in one call.
 - ``SeenIds``: every inbox message id the thread ever accepted, as 8-byte BLAKE2b
   digests (8 bytes an id instead of ~220 for a set entry); the durable dedup set.
-- ``pack`` / ``unpack`` (``pack_lines`` / ``unpack_lines``): a small JSON record (the
-  thread's info, its calls index, its last finished inbox rows), raw deflate with a preset
-  dictionary of the record's own framing (its keys and fixed values, ``thread.framings``):
-  the framing is most of a small record, so 437 bytes of thread info become ~90 instead
-  of ~260, and the deflate state is small (a 4 KiB window), a fifth of the time of
-  ``zlib.compress``'s 32 KiB one for records this size.
+- ``pack_lines`` / ``unpack_lines``: a small JSON record (the thread's info, its calls
+  index, its last finished inbox rows) packed with a preset dictionary of the record's own
+  framing (``stores/packing.py``, ``thread.framings``).
 
 The item log's stream starts from ``ITEM_FRAMING``, the item lines' framing, as its
 dictionary, so the first chunk of a thread compresses like the later ones.
@@ -23,32 +20,19 @@ from __future__ import annotations
 import zlib
 
 from dormant.stores.digest import DIGEST_BYTES, message_digest
+from dormant.stores.packing import ITEM_SKELETONS, LEVEL, pack, unpack
 
 __all__ = ["ITEM_FRAMING", "ItemLog", "SeenIds", "pack", "pack_lines", "unpack", "unpack_lines"]
 
 WINDOW_BYTES = 32 * 1024
 """Deflate's window: a chunk sees at most this much of the text before it."""
 
-LEVEL = 6
 MEM_LEVEL = 8
 """zlib's default: 9 cleared and filled twice the hash table at every fold (~13% more time
 a fold) for the same output on model text, to the byte."""
-ITEM_FRAMING = (
-    b'0\tevent\t""\t{"kind":"event","call_id":"","original_call_id":"","original_name":"",'
-    b'"original_args":{},"content":""}\n'
-    b'0\tsummary\t""\t{"kind":"summary","text":"","upto_seq":0}\n'
-    b'0\ttool_result\t""\t{"kind":"tool_result","call_id":"","name":"","content":"",'
-    b'"is_error":false}\n'
-    b'0\tuser\t""\t{"kind":"user","text":""}\n'
-    b'0\tassistant\t""\t{"kind":"assistant","text":"","calls":[{"call_id":"","name":"",'
-    b'"args":{}}]}\n'
-)
+ITEM_FRAMING = b"".join(b'0\t%s\t""\t%s\n' % skeleton for skeleton in ITEM_SKELETONS)
 """The item lines' framing (``stores/rawitem.py``), written by hand from the item models'
 fields, no text of any thread: the dictionary the item log's stream starts from."""
-RECORD_WBITS = -12
-"""Raw deflate, a 4 KiB window: enough for records of a few KB, and its state is set up
-in a fraction of the time of the 32 KiB default (measured 60 against 250 us)."""
-RECORD_MEM_LEVEL = 5
 MERGE_CHUNKS = 8
 """At this many chunks a fold joins them into one object (headers cost ~60 bytes a chunk,
 about 1 KB a 20-turn thread; joining at every fold would leave a hole at every fold)."""
@@ -122,21 +106,6 @@ class SeenIds:
 
     def nbytes(self) -> int:
         return len(self.digests)
-
-
-def pack(data: bytes, framing: bytes) -> bytes:
-    """``data`` as raw deflate with ``framing`` as its preset dictionary (empty for none)."""
-    if not data:
-        return b""
-    strategy = zlib.Z_DEFAULT_STRATEGY
-    deflate = zlib.compressobj(
-        LEVEL, zlib.DEFLATED, RECORD_WBITS, RECORD_MEM_LEVEL, strategy, framing
-    )
-    return deflate.compress(data) + deflate.flush()
-
-
-def unpack(blob: bytes, framing: bytes) -> bytes:
-    return zlib.decompressobj(RECORD_WBITS, zdict=framing).decompress(blob) if blob else b""
 
 
 def pack_lines(lines: list[bytes], framing: bytes) -> bytes:

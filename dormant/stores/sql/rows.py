@@ -1,8 +1,10 @@
 """Records (base.py) to rows (tables.py) and back, for the SQL store; the statements that
 read and write them are in ``statements.py``.
 
-Items and messages go through their one ``TypeAdapter`` both ways: the JSON column holds
-exactly what ``dump_python(mode="json")`` produced.
+Items and messages go through their one ``TypeAdapter`` both ways. A message's JSON column
+holds exactly what ``dump_python(mode="json")`` produced; an item's ``packed`` column holds
+its ``dump_json``, packed (``stores/packing.py``), and reads back as a ``RawStoredItem``
+that decodes the item only when something reads it (``stores/rawitem.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.stores.packing import ITEM_JSON_FRAMING, pack, unpack
+from dormant.stores.rawitem import RawStoredItem
 from dormant.stores.sql.tables import Schema, schema
 
 __all__ = [
@@ -143,21 +147,26 @@ def thread_info(row: Row) -> ThreadInfo:
 
 def item_values(thread_id: str, stored: StoredItem) -> dict[str, Any]:
     """An item row; an empty message id becomes NULL so the unique key ignores it."""
+    if type(stored) is RawStoredItem:
+        kind, raw = stored.kind, stored.raw
+    else:
+        kind, raw = stored.item.kind, ItemAdapter.dump_json(stored.item)
     return {
         "thread_id": thread_id,
         "seq": stored.seq,
-        "kind": stored.item.kind,
-        "data": ItemAdapter.dump_python(stored.item, mode="json"),
+        "kind": kind,
+        "packed": pack(raw, ITEM_JSON_FRAMING),
         "message_id": stored.message_id or None,
     }
 
 
 def stored_item(row: Row) -> StoredItem:
-    return StoredItem(
-        seq=row["seq"],
-        message_id=row["message_id"] or "",
-        item=ItemAdapter.validate_python(row["data"]),
-    )
+    """The item of a row: undecoded from ``packed``, decoded from a row before 0010."""
+    packed = row["packed"]
+    message_id = row["message_id"] or ""
+    if packed is None:
+        return StoredItem(row["seq"], message_id, ItemAdapter.validate_python(row["data"]))
+    return RawStoredItem(row["seq"], message_id, row["kind"], unpack(packed, ITEM_JSON_FRAMING))
 
 
 def call_values(thread_id: str, call: CallRecord) -> dict[str, Any]:

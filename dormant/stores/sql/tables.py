@@ -10,7 +10,10 @@ names carry the prefix too), so the shipped migrations name them identically on 
 and PostgreSQL, where index names must be unique per database schema.
 
 Item and message payloads are stored as the JSON their ``TypeAdapter`` produces: the stored
-shape is the in-memory shape (STYLE rule 3).
+shape is the in-memory shape (STYLE rule 3). An item's JSON is stored packed (raw deflate
+with the items' framing as its dictionary, ``stores/packing.py``), since PostgreSQL
+compresses no row under 2 KB and SQLite none at all; items written before migration 0010
+keep theirs as a JSON column.
 """
 
 from __future__ import annotations
@@ -135,8 +138,11 @@ class ItemColumns(SQLModel):
     thread_id: str = Field(sa_type=String)
     seq: int = Field(sa_type=Integer)
     kind: str = Field(sa_type=String)
-    data: dict[str, Any] = Field(sa_type=JSON)
+    data: dict[str, Any] | None = Field(default=None, sa_type=JSON(none_as_null=True))
+    """The item's JSON, on rows written before migration 0010; NULL on later ones."""
     message_id: str | None = Field(default=None, sa_type=String)
+    packed: bytes | None = Field(default=None, sa_type=LargeBinary)
+    """The item's ``ItemAdapter.dump_json``, packed with ``ITEM_JSON_FRAMING``."""
 
 
 class CallColumns(SQLModel):
