@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from dormant.messages import UserText
+from dormant.messages import ItemAdapter, UserText
 from dormant.stores.base import Commit, NewThread, StoredItem, ThreadInfo, ThreadStatus
 from dormant.stores.sql.items import ItemCache
 from dormant.stores.sql.store import SQLStore
@@ -45,7 +45,8 @@ def test_an_older_snapshot_never_replaces_a_newer_read() -> None:
 
 
 def test_the_least_recently_used_thread_is_dropped_first() -> None:
-    cache = ItemCache(max_threads=2)
+    one_item = len(ItemAdapter.dump_json(items(1)[0].item))
+    cache = ItemCache(max_bytes=2 * one_item)
     cache.keep(info("a"), items(1))
     cache.keep(info("b"), items(1))
     cache.known(info("a"))
@@ -95,3 +96,25 @@ def test_a_store_on_the_callers_connection_caches_nothing(tmp_path: Path) -> Non
         assert store._items.known(info("t1", version=0)) == ()
     finally:
         store.close()
+
+
+def test_the_cache_is_bounded_by_the_items_bytes_and_keeps_no_thread_larger_than_it() -> None:
+    one_item = len(ItemAdapter.dump_json(items(1)[0].item))
+    cache = ItemCache(max_bytes=3 * one_item)
+    cache.keep(info("a"), items(1))
+    cache.keep(info("b"), items(1))
+    cache.keep(info("c", version=2), items(1, 2))  # a and b (2 items) make room for it
+    assert cache.known(info("a")) == () and cache.known(info("b")) == items(1)
+    assert cache.known(info("c", version=2)) == items(1, 2)
+    cache.keep(info("c", version=3), items(1, 2, 3, 4))  # larger than the whole cache
+    assert cache.known(info("c", version=3)) == () and cache.known(info("b")) == items(1)
+
+
+def test_an_entry_extended_by_a_later_read_is_measured_as_a_whole() -> None:
+    one_item = len(ItemAdapter.dump_json(items(1)[0].item))
+    cache = ItemCache(max_bytes=3 * one_item)
+    first = items(1, 2)
+    cache.keep(info("a", version=2), first)
+    cache.keep(info("a", version=3), first + items(3))  # fills the cache exactly
+    cache.keep(info("b"), items(1))
+    assert cache.known(info("a", version=3)) == () and cache.known(info("b")) == items(1)

@@ -155,7 +155,7 @@ class SQLStore(SQLRetention, SQLClaims):
         view = copy.copy(self)
         view._caller = connection
         # Nothing read inside a transaction that may still roll back is cached.
-        view._items = ItemCache(max_threads=0)
+        view._items = ItemCache(max_bytes=0)
         return view
 
     @contextmanager
