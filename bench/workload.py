@@ -11,6 +11,8 @@ calling a deferred tool, the tool's result delivered from outside (``deliver``, 
 resuming the LangGraph interrupt), and a second ~1.2 KB completion ending the turn: 40
 completions per agent at 20 turns. Agents come in waves; after each wave every agent is
 idle, the garbage collector has run, and resident memory is read from /proc/self/statm.
+``--heap``, ``--trim`` and ``--tracemalloc`` add the allocators' own counts beside it
+(``bench/heap.py``): whether RSS per agent is live bytes or holes a wave left.
 
 The module has no ``from __future__ import annotations``: ``@tool`` and LangGraph read
 the annotations of functions defined inside the runners, after lazy imports.
@@ -24,11 +26,14 @@ import sqlite3
 import sys
 import tempfile
 import time
+import tracemalloc
 import zlib
 from collections.abc import Callable
 from contextlib import closing
 from pathlib import Path
 from typing import Any
+
+from heap import emit_growth, heap_stats, trim
 
 from dormant.models.simulated import simulated_text
 
@@ -268,6 +273,25 @@ def main() -> None:
     parser.add_argument("--waves", default="100,200")
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument(
+        "--tracemalloc",
+        type=int,
+        default=0,
+        metavar="FRAMES",
+        help="also count live Python bytes (tracemalloc, FRAMES frames a traceback) after "
+        "each wave, and print where they grew between the first wave and the last",
+    )
+    parser.add_argument(
+        "--heap",
+        action="store_true",
+        help="also read the allocators' used and free bytes after each wave (bench/heap.py)",
+    )
+    parser.add_argument(
+        "--trim",
+        action="store_true",
+        help="malloc_trim(0) before reading RSS after each wave: RSS less the free pages "
+        "inside glibc's heaps (bench/heap.py)",
+    )
     args = parser.parse_args()
     waves = [int(w) for w in args.waves.split(",")]
     with tempfile.TemporaryDirectory(prefix="dormant-bench-") as tmp:
@@ -278,11 +302,19 @@ def main() -> None:
             runner = DormantRunner("memory://", args.workers)
         else:
             runner = DormantRunner(f"sqlite:///{tmp}/bench.db", args.workers)
-        run(runner, args.system, waves, args.turns)
+        run(runner, args.system, waves, args.turns, args.tracemalloc, args.heap, args.trim)
         runner.close()
 
 
-def run(runner: "Runner", system: str, waves: list[int], turns: int) -> None:
+def run(
+    runner: "Runner",
+    system: str,
+    waves: list[int],
+    turns: int,
+    trace_frames: int = 0,
+    heap: bool = False,
+    trim_heap: bool = False,
+) -> None:
     total_turns = sum(waves) * turns
     done = 0
 
@@ -297,6 +329,9 @@ def run(runner: "Runner", system: str, waves: list[int], turns: int) -> None:
     points = [{"agents": 0, "rss_bytes": rss_bytes()}]
     records = []
     agents = 0
+    traces: list[tuple[int, tracemalloc.Snapshot]] = []
+    if trace_frames:
+        tracemalloc.start(trace_frames)
     for count in waves:
         completions_before = runner.completions
         wall, cpu = time.perf_counter(), time.process_time()
@@ -307,7 +342,14 @@ def run(runner: "Runner", system: str, waves: list[int], turns: int) -> None:
             raise RuntimeError(f"{completions} completions, expected {count * turns * 2}")
         agents += count
         gc.collect()
+        if trim_heap:
+            trim()
         points.append({"agents": agents, "rss_bytes": rss_bytes()})
+        if heap:
+            points[-1].update(heap_stats())
+        if trace_frames:
+            points[-1]["traced_bytes"] = tracemalloc.get_traced_memory()[0]
+            traces = [*traces[:1], (agents, tracemalloc.take_snapshot())]
         records.append(
             {
                 "agents": count,
@@ -318,6 +360,9 @@ def run(runner: "Runner", system: str, waves: list[int], turns: int) -> None:
                 "per_cpu_s": completions / cpu,
             }
         )
+    extra = trace_frames > 0 or heap
+    if len(traces) == 2:
+        emit_growth(traces[0], traces[1])
     ratio = compression(runner.thread_texts(0))
     stored = runner.stored_bytes(agents)
     completions = sum(r["completions"] for r in records)
@@ -340,12 +385,21 @@ def run(runner: "Runner", system: str, waves: list[int], turns: int) -> None:
                 "model_cpu_us_per_completion": model_us,
                 "overhead_us_per_completion": cpu_us - model_us,
                 "python": sys.version.split()[0],
+                **({"heap_per_idle_agent_bytes": heap_slopes(points)} if extra else {}),
             }
         }
     )
 
 
-def slope(points: list[dict[str, int]]) -> float:
+def heap_slopes(points: list[dict[str, int]]) -> dict[str, float]:
+    """``slope`` of each of ``--heap``'s and ``--tracemalloc``'s counts (two waves or more:
+    the point before the first has none)."""
+    if len(points) < 3:
+        return {}
+    return {key: slope(points, key) for key in points[-1] if key not in ("agents", "rss_bytes")}
+
+
+def slope(points: list[dict[str, int]], key: str = "rss_bytes") -> float:
     """Least-squares bytes per agent over the (agents, RSS) points after each wave.
 
     The point before the first wave is left out when there are two or more waves after
@@ -354,7 +408,7 @@ def slope(points: list[dict[str, int]]) -> float:
     """
     points = points[1:] if len(points) >= 3 else points
     xs = [p["agents"] for p in points]
-    ys = [p["rss_bytes"] for p in points]
+    ys = [p[key] for p in points]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     den = sum((x - mx) ** 2 for x in xs)
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / den
