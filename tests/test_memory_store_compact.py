@@ -131,3 +131,31 @@ def test_seen_ids_match_whole_digests_only() -> None:
     assert all(f"message-{n}" in ids for n in range(1000))
     assert not any(f"other-{n}" in ids for n in range(1000))
     assert ids.nbytes() == 8000
+
+
+def test_a_listing_by_status_decodes_only_the_threads_it_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from dormant.stores.memory import thread as stored
+
+    store = MemoryStore()
+    for n in range(6):
+        store.create_thread(NewThread(id=f"t{n}", agent="a"))
+        turn(store, f"t{n}", 1, ThreadStatus.WAITING)
+    store.set_status("t1", ThreadStatus.STALLED)  # cold: its bytes are rewritten
+    store.load("t4")  # hot: its decoded info is read
+    store.set_status("t4", ThreadStatus.STALLED)
+    decoded: list[str] = []
+    info_of = stored.info_of
+
+    def counting(t: stored.StoredThread) -> object:
+        info = info_of(t)
+        decoded.append(info.id)
+        return info
+
+    monkeypatch.setattr(stored, "info_of", counting)
+    assert sorted(i.id for i in store.threads(ThreadStatus.STALLED)) == ["t1", "t4"]
+    assert sorted(decoded) == ["t1", "t4"]
+    store.set_status("t1", ThreadStatus.WAITING)
+    assert [i.id for i in store.threads(ThreadStatus.STALLED)] == ["t4"]
+    assert len(store.threads(ThreadStatus.WAITING)) == 5

@@ -105,7 +105,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep):
                 root_id=thread.root_id or thread.id,
                 metadata=dict(thread.metadata),
             )
-            t = stored.StoredThread(info=stored.pack_info(info))
+            t = stored.stored_thread(info)
             t.log.append(b"".join(map(item_line, thread.items)))
             if thread.calls:
                 t.calls = stored.pack_calls({c.call_id: c for c in thread.calls})
@@ -129,12 +129,15 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep):
         before: tuple[datetime, str] | None = None,
     ) -> list[ThreadInfo]:
         with self._lock:
-            infos = [stored.info_of(t) for t in self._threads.values()]
+            infos = [
+                stored.info_of(t)
+                for t in self._threads.values()
+                if status is None or stored.status_of(t) is status
+            ]
         infos = [
             i
             for i in infos
-            if (status is None or i.status is status)
-            and (agent is None or i.agent == agent)
+            if (agent is None or i.agent == agent)
             and (before is None or (i.created_at, i.id) < before)
         ]
         infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)

@@ -47,6 +47,8 @@ __all__ = [
     "pack_calls",
     "pack_info",
     "set_calls",
+    "status_of",
+    "stored_thread",
     "update",
 ]
 
@@ -124,6 +126,9 @@ class Hot:
 class StoredThread:
     info: bytes
     """``ThreadInfo`` as JSON, packed (``blob.pack``)."""
+    status: ThreadStatus
+    """``info``'s status, kept beside it (8 bytes) so that a listing by status, such as
+    ``run_until_idle``'s look for stalled threads, decodes only the threads it returns."""
     log: ItemLog = field(default_factory=ItemLog)
     calls: bytes = b""
     """The calls index, packed JSON (empty: no calls)."""
@@ -146,6 +151,20 @@ def info_of(t: StoredThread) -> ThreadInfo:
     return codecs().info.validate_json(unpack(t.info, framings().info))
 
 
+def status_of(t: StoredThread) -> ThreadStatus:
+    return t.hot.info.status if t.hot is not None else t.status
+
+
+def stored_thread(info: ThreadInfo) -> StoredThread:
+    """A new thread's bytes, with no items yet."""
+    return StoredThread(pack_info(info), info.status)
+
+
+def _set_info(t: StoredThread, info: ThreadInfo) -> None:
+    t.info = pack_info(info)
+    t.status = info.status
+
+
 def update(t: StoredThread, **changes: Any) -> ThreadInfo:
     info = info_of(t)
     info = replace(info, version=info.version + 1, updated_at=now(), **changes)
@@ -153,7 +172,7 @@ def update(t: StoredThread, **changes: Any) -> ThreadInfo:
         t.hot.info = info
         t.hot.dirty = True
     else:
-        t.info = pack_info(info)
+        _set_info(t, info)
     return info
 
 
@@ -165,7 +184,7 @@ def add_to_tree(t: StoredThread, tokens: int, cost: float) -> None:
         t.hot.info = info
         t.hot.dirty = True
     else:
-        t.info = pack_info(info)
+        _set_info(t, info)
 
 
 def calls_of(t: StoredThread) -> dict[str, CallRecord]:
@@ -226,7 +245,7 @@ def cool(t: StoredThread) -> None:
     if len(t.log.tail) >= FOLD_BYTES:
         t.log.fold(hot.window)
     if hot.dirty:
-        t.info = pack_info(hot.info)
+        _set_info(t, hot.info)
         t.calls = pack_calls(hot.calls)
         t.done = pack_lines(hot.done, framings().rows)
     t.hot = None

@@ -77,12 +77,10 @@ class ItemCache:
             return
         # Items are measured once: those after the entry they extend, when they do.
         entry = self._entries.get(thread.id)
-        if entry is not None and 0 < len(entry.items) <= len(items):
-            extends = items[len(entry.items) - 1] is entry.items[-1]
-            nbytes = entry.nbytes + _nbytes(items[len(entry.items) :]) if extends else -1
+        known = 0 if entry is None else len(entry.items)
+        if entry is not None and 0 < known <= len(items) and items[known - 1] is entry.items[-1]:
+            nbytes = entry.nbytes + _nbytes(items[known:])
         else:
-            nbytes = -1
-        if nbytes < 0:
             nbytes = _nbytes(items)
         with self._lock:
             entry = self._entries.get(thread.id)
