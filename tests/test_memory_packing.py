@@ -7,8 +7,9 @@ import zlib
 from datetime import UTC, datetime
 
 from dormant.stores.base import ThreadInfo, ThreadStatus
-from dormant.stores.memory.blob import ITEM_FRAMING, ItemLog, pack, unpack
+from dormant.stores.memory.blob import ITEM_FRAMING, ItemLog
 from dormant.stores.memory.thread import codecs, framings, pack_info
+from dormant.stores.packing import pack, unpack
 
 
 def test_thread_info_packs_to_a_fraction_of_its_json() -> None:

@@ -22,7 +22,15 @@ from typing import Any, overload
 from dormant.messages import Item, ItemAdapter
 from dormant.stores.base import StoredItem
 
-__all__ = ["ItemsView", "RawStoredItem", "item_kind", "item_line", "parse_lines", "text_chars"]
+__all__ = [
+    "ItemsView",
+    "RawStoredItem",
+    "item_json",
+    "item_kind",
+    "item_line",
+    "parse_lines",
+    "text_chars",
+]
 
 
 class RawStoredItem(StoredItem):
@@ -79,14 +87,18 @@ def item_kind(stored: StoredItem) -> str:
     return stored.item.kind
 
 
+def item_json(stored: StoredItem) -> bytes:
+    """The item as ``ItemAdapter.dump_json`` writes it: a raw item's own bytes, undecoded."""
+    if type(stored) is RawStoredItem:
+        return stored.raw
+    return ItemAdapter.dump_json(stored.item)
+
+
 def item_line(stored: StoredItem) -> bytes:
     """One item as the memory store's line (see the module's docstring)."""
     message_id = json.dumps(stored.message_id, ensure_ascii=False).encode()
-    if type(stored) is RawStoredItem:
-        kind, raw = stored.kind, stored.raw
-    else:
-        kind, raw = stored.item.kind, ItemAdapter.dump_json(stored.item)
-    return b"%d\t%s\t%s\t%s\n" % (stored.seq, kind.encode(), message_id, raw)
+    kind = item_kind(stored).encode()
+    return b"%d\t%s\t%s\t%s\n" % (stored.seq, kind, message_id, item_json(stored))
 
 
 def parse_lines(text: bytes) -> list[StoredItem]:

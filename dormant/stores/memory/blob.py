@@ -22,7 +22,7 @@ import zlib
 from dormant.stores.digest import DIGEST_BYTES, message_digest
 from dormant.stores.packing import ITEM_SKELETONS, LEVEL, pack, unpack
 
-__all__ = ["ITEM_FRAMING", "ItemLog", "SeenIds", "pack", "pack_lines", "unpack", "unpack_lines"]
+__all__ = ["ITEM_FRAMING", "ItemLog", "SeenIds", "pack_lines", "unpack_lines"]
 
 WINDOW_BYTES = 32 * 1024
 """Deflate's window: a chunk sees at most this much of the text before it."""

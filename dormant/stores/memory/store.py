@@ -4,7 +4,7 @@ An idle thread is kept compact, as bytes, not object graphs, so a hundred thousa
 agents cost little more than their compressed text: its items as compressed lines of JSON
 (``blob.ItemLog``, read back undecoded: ``stores/rawitem.py``); its info, calls and last
 finished inbox rows as JSON packed with a preset dictionary of their framing
-(``blob.pack``); the ids it has seen as 8-byte digests. Finished inbox rows are kept only
+(``packing.pack``); the ids it has seen as 8-byte digests. Finished inbox rows are kept only
 for the last ``thread.DONE_ROWS_KEPT`` per thread; the dedup set keeps every id.
 
 A thread in use is "hot": decoded once into objects that slices read and commits

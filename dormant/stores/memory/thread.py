@@ -24,7 +24,8 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
-from dormant.stores.memory.blob import ItemLog, SeenIds, pack, pack_lines, unpack, unpack_lines
+from dormant.stores.memory.blob import ItemLog, SeenIds, pack_lines, unpack_lines
+from dormant.stores.packing import pack, unpack
 from dormant.stores.rawitem import item_line, parse_lines
 
 __all__ = [
@@ -78,7 +79,7 @@ def codecs() -> Codecs:
 
 @dataclass(frozen=True, slots=True)
 class Framings:
-    """Preset dictionaries of the small records (``blob.pack``): each one's JSON framing."""
+    """Preset dictionaries of the small records (``packing.pack``): each one's JSON framing."""
 
     info: bytes
     calls: bytes
@@ -125,7 +126,7 @@ class Hot:
 @dataclass(slots=True, eq=False)
 class StoredThread:
     info: bytes
-    """``ThreadInfo`` as JSON, packed (``blob.pack``)."""
+    """``ThreadInfo`` as JSON, packed (``packing.pack``)."""
     status: ThreadStatus
     """``info``'s status, kept beside it (8 bytes) so that a listing by status, such as
     ``run_until_idle``'s look for stalled threads, decodes only the threads it returns."""

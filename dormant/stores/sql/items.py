@@ -25,9 +25,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from datetime import datetime
 
-from dormant.messages import ItemAdapter
 from dormant.stores.base import StoredItem, ThreadInfo
-from dormant.stores.rawitem import RawStoredItem
+from dormant.stores.rawitem import item_json
 
 __all__ = ["ITEM_CACHE_BYTES", "ItemCache"]
 
@@ -45,10 +44,7 @@ class _Entry:
 
 
 def _nbytes(items: tuple[StoredItem, ...]) -> int:
-    return sum(
-        len(s.raw) if type(s) is RawStoredItem else len(ItemAdapter.dump_json(s.item))
-        for s in items
-    )
+    return sum(len(item_json(s)) for s in items)
 
 
 class ItemCache:

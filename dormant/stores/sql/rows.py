@@ -31,7 +31,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.packing import ITEM_JSON_FRAMING, pack, unpack
-from dormant.stores.rawitem import RawStoredItem
+from dormant.stores.rawitem import RawStoredItem, item_json, item_kind
 from dormant.stores.sql.tables import Schema, schema
 
 __all__ = [
@@ -147,15 +147,11 @@ def thread_info(row: Row) -> ThreadInfo:
 
 def item_values(thread_id: str, stored: StoredItem) -> dict[str, Any]:
     """An item row; an empty message id becomes NULL so the unique key ignores it."""
-    if type(stored) is RawStoredItem:
-        kind, raw = stored.kind, stored.raw
-    else:
-        kind, raw = stored.item.kind, ItemAdapter.dump_json(stored.item)
     return {
         "thread_id": thread_id,
         "seq": stored.seq,
-        "kind": kind,
-        "packed": pack(raw, ITEM_JSON_FRAMING),
+        "kind": item_kind(stored),
+        "packed": pack(item_json(stored), ITEM_JSON_FRAMING),
         "message_id": stored.message_id or None,
     }
 
