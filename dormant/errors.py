@@ -304,9 +304,10 @@ class SliceDeadlineExceeded(LimitExceeded):
 
 
 class BudgetExceeded(LimitExceeded):
-    """A model call would pass the thread's budget: the slice writes nothing and the
-    thread stalls at once, its ``last_error`` this message (``budget: <limit> used/limit``)
-    until ``raise_budget`` or ``retry``."""
+    """A model call would pass the thread's budget: the slice consumes nothing (it keeps
+    only a compaction summary it paid for) and the thread stalls at once, its
+    ``last_error`` this message (``budget: <limit> used/limit``) until ``raise_budget``
+    or ``retry``."""
 
     def __init__(self, thread_id: str, limit: str, used: float, allowed: float) -> None:
         super().__init__(f"budget: {limit} {_amount(used)}/{_amount(allowed)} (thread {thread_id})")

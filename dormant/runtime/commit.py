@@ -13,7 +13,15 @@ the threads written to, and one stamp for every outbox row dispatched.
 
 from __future__ import annotations
 
-from dormant.messages import Event, ItemAdded, Rejected, StatusChanged, ToolDispatched
+from dormant.messages import (
+    Event,
+    ItemAdded,
+    Rejected,
+    StatusChanged,
+    Summary,
+    ToolDispatched,
+    Usage,
+)
 from dormant.runtime.deps import SliceDeps
 from dormant.runtime.history import Applied
 from dormant.runtime.outcomes import SliceOutcome, Stale, settled, status_after, waiting_on
@@ -24,6 +32,7 @@ from dormant.stores.base import (
     OutboxRow,
     Priority,
     Snapshot,
+    StoredItem,
     ThreadStatus,
 )
 from dormant.stores.closing import close_calls
@@ -92,6 +101,32 @@ class SliceCommit:
         self._after_commit(snap, applied, turn, status, rows)
         return settled(self.thread_id, status, applied.calls), self.seen
 
+    def _keep_summary(self, snap: Snapshot, turn: Turn) -> bool:
+        """Commit only the compaction summary this slice paid for, and what it spent, when
+        the budget then refused the reply it was made for: nothing else of the turn (the
+        input stays queued, its status unchanged). Dropped, the summary would be paid for
+        again on every retry and never counted. False if the version moved (``Stale``)."""
+        summary = next(s for s in turn.items if isinstance(s.item, Summary))
+        assert turn.meter is not None
+        commit = Commit(
+            thread_id=self.thread_id,
+            version=snap.thread.version,
+            status=snap.thread.status,
+            inbox_seen=snap.thread.inbox_seen,
+            items=[StoredItem(snap.next_seq, summary.message_id, summary.item)],
+            usage=Usage(),  # the old count no longer describes the history
+            spend=turn.meter.spend,
+            message_completions=snap.thread.message_completions,  # a summary is no reply
+        )
+        self._check_deadline()
+        if self.deps.store.commit(commit) is None:
+            return False
+        self.committed = True
+        self.events += [
+            ItemAdded(thread_id=self.thread_id, seq=s.seq, item=s.item) for s in commit.items
+        ]
+        return True
+
     def _after_commit(
         self,
         snap: Snapshot,
@@ -112,8 +147,8 @@ class SliceCommit:
         if status is not snap.thread.status:
             detail = waiting_on(applied) if status is ThreadStatus.WAITING else ""
             events.append(StatusChanged(thread_id=self.thread_id, status=status, detail=detail))
-        for thread_id in {t for t, *_ in turn.enqueue}:
-            deps.dispatcher.wake(thread_id, Priority.BACKGROUND)
+        for thread_id in {t for t, *_ in turn.enqueue} - {self.thread_id}:
+            deps.dispatcher.wake(thread_id, Priority.BACKGROUND)  # its own: held back
         for outbox in rows:
             deps.dispatcher.dispatch(outbox)
             known = applied.calls.get(outbox.call_id)

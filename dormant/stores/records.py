@@ -307,7 +307,8 @@ class Commit:
     row each, returned with this commit's rows so the hooks run)."""
     enqueue: list[tuple[str, str, Inbound, int]] = field(default_factory=list)
     """Messages for other threads, (thread_id, message_id, message, priority), written in
-    the same transaction (a child's seed, a report to a parent); duplicates are ignored."""
+    the same transaction (a child's seed, a report to a parent; for the thread itself, the
+    results a budget stop held back); duplicates are ignored."""
     usage: Usage | None = None
     closed_reason: str = ""
     """With status closed: why (kept on the thread's record, shown by ``dormant show``)."""
