@@ -350,3 +350,51 @@ def test_a_message_stored_between_a_closes_read_and_its_commit_is_rejected_visib
     assert row.state is InboxState.REJECTED and "is closed" in row.reason
     assert any(isinstance(e, Rejected) and e.message_id == "late" for e in h.events(thread_id))
     assert check_store(h.store) == []
+
+
+hooked: list[tuple[str, str]] = []
+
+
+@tool(subscription=True, on_cancel=lambda ctx: hooked.append((ctx.thread_id, ctx.call_id)))
+def watch_repo(repo: str) -> str:
+    """Subscribe to a repository's pushes."""
+    return f"watching {repo}"
+
+
+def _subscriber(items: Sequence[Item]) -> Completion:
+    """A subscriber whose build is still running when events come (its history has no
+    safe point after the subscription), and event threads that close themselves."""
+    last = items[-1]
+    if isinstance(last, UserText):
+        return reply("", call("watch_repo", "w1", repo="r"), call("run_build", "b1", target="x"))
+    if isinstance(last, EventShown):
+        return reply("", call("close_thread", report="seen"))
+    return reply("ok")
+
+
+@pytest.mark.parametrize("how", ["itself", "from outside", "with its subscriber"])
+def test_an_event_thread_closing_never_runs_its_subscribers_cancel_hook(
+    store: Store, how: str
+) -> None:
+    hooked.clear()
+    agent = Agent("a", model=ScriptedModel(_subscriber), tools=[watch_repo, run_build])
+    h = Harness(agent, store=store)
+    t = h.launch("a", "watch")
+    h.drain()
+    for n in range(2):
+        h.send_event(t, "w1", f"push {n}", message_id=f"push-{n}")
+        h.step(t)
+        event = h.store.children(t)[-1]
+        assert event.metadata["role"] == "event"
+        if how == "from outside":
+            h.close_thread(event.id)
+        elif how == "itself":
+            h.drain()
+        assert h.store.thread(event.id).status is ThreadStatus.CLOSED or how != "itself"
+        h.run_tools()
+        assert hooked == []  # the subscription is its subscriber's, and still live
+        assert h.store.call(t, "w1").state is CallState.SUBSCRIBED
+    if how == "with its subscriber":
+        h.close_thread(t)
+        h.run_tools()
+        assert hooked == [(t, "w1")]  # once, for the subscriber only

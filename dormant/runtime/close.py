@@ -151,7 +151,7 @@ def _still_idle(snap: Snapshot, idle_before: datetime) -> bool:
 def _closing_commit(snap: Snapshot, reason: str) -> Commit:
     thread = snap.thread
     calls = snap.calls.values()
-    stopped = [(c.call_id, "cancel") for c in streams_to_stop(calls, thread.fork_seq)]
+    stopped = [(c.call_id, "cancel") for c in streams_to_stop(calls, thread)]
     changed, results = close_calls(thread.id, calls, snap.next_seq)
     refusal = f"thread {thread.id!r} was closed: {reason}"
     enqueue: list[tuple[str, str, Inbound, int]] = []
