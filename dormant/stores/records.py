@@ -219,11 +219,12 @@ class PruneCounts:
     threads: int = 0
     """Closed threads deleted, each with every row it owns."""
     inbox: int = 0
-    """Finished (done, rejected) inbox rows of live threads."""
+    """Inbox rows: those of the threads deleted, and finished (done, rejected) ones of
+    live threads."""
     outbox: int = 0
-    """Outbox rows a worker ran."""
+    """Outbox rows: those of the threads deleted, and ones a worker ran."""
     timers: int = 0
-    """Fired timers."""
+    """Timers: those of the threads deleted, and fired ones."""
 
     @property
     def total(self) -> int:
