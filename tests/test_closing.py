@@ -29,6 +29,7 @@ from dormant.messages import (
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.ops.check import check_store
+from dormant.runtime.outcomes import Closed
 from dormant.stores.base import CallState, InboxState, Priority, Snapshot, Store, ThreadStatus
 from dormant.stores.memory.store import MemoryStore
 from tests.conftest import StoreOpener
@@ -198,6 +199,7 @@ class _Streamer:
     started: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
     stopped_by: str = ""
+    stopped_why: str = ""
 
     def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
         last = request.items[-1]
@@ -210,6 +212,7 @@ class _Streamer:
                 on_chunk("word ")
                 self.sent += 1
         except Exception as error:
+            self.stopped_why = str(error)
             self.stopped_by = type(error).__name__
             raise
         return reply("word " * self.chunks)
@@ -241,6 +244,10 @@ def test_closing_a_thread_mid_slice_abandons_the_model_call_and_commits_nothing_
         system.run_until_idle(timeout_s=20)
 
         assert model.stopped_by == "LeaseLost"
+        # stopped by the close, and it says so: not "lost to another slice"
+        assert model.stopped_why == (
+            f"thread {thread_id!r} was closed (stop now): the slice stopped, nothing written"
+        )
         assert model.sent < model.chunks  # it stopped streaming, well before the end
         assert system.history(thread_id) == before  # nothing of the abandoned slice
         assert not any(isinstance(i, AssistantTurn) and "word" in i.text for i in before)
@@ -398,3 +405,19 @@ def test_an_event_thread_closing_never_runs_its_subscribers_cancel_hook(
         h.close_thread(t)
         h.run_tools()
         assert hooked == [(t, "w1")]  # once, for the subscriber only
+
+
+def test_a_slice_whose_commit_a_close_beat_ends_closed_not_stale(store: Store) -> None:
+    """A close between a slice's load and its commit moves the version: the slice's
+    outcome says the thread was closed, not that another slice took it."""
+    h: Harness
+
+    def closes_meanwhile(items: Sequence[Item]) -> Completion:
+        h.close_thread(t, reason="the customer left")
+        return reply("too late")
+
+    h = Harness(Agent("a", model=ScriptedModel(closes_meanwhile)), store=store)
+    t = h.launch("a", "hi")
+    assert isinstance(h.step(t), Closed)
+    assert h.history(t) == []  # nothing of the slice was written
+    assert h.store.thread(t).closed_reason == "the customer left"

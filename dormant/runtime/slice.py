@@ -260,8 +260,9 @@ class _Slice(SliceWatch, SliceCommit):
                 if turn.meter is None or not turn.meter.spend.completions:
                     raise  # nothing was paid for: nothing to keep
                 # A compaction was, then the budget refused its reply: keep the summary.
-                if not self._keep_summary(snap, turn):
-                    return Stale(self.thread_id), None
+                overtaken = self._keep_summary(snap, turn)
+                if overtaken is not None:
+                    return overtaken, None
                 return self._failed(snap.thread.failures, str(spent), stall_after=1), None
         committed = self._commit(snap, applied, turn)
         if turn.meter is not None and turn.meter.stopped and self.committed:
