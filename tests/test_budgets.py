@@ -303,6 +303,7 @@ def test_a_limit_met_inside_a_slice_commits_its_turns_and_queues_the_results_not
     assert isinstance(last, AssistantTurn)  # its result is queued, not in the history yet
     [held] = h.store.inbox(t, InboxState.PENDING)
     assert held.message.kind == "result" and held.message.call_id == last.calls[0].call_id
+    assert check_store(h.store) == []  # a call waiting for its queued result, well formed
 
     h.raise_budget(t, max_completions_per_message=3)
     assert h.store.thread(t).status is ThreadStatus.WAITING
