@@ -120,16 +120,19 @@ def _after_close(deps: Closing, snap: Snapshot, commit: Commit, rows: list[Outbo
     thread_id = snap.thread.id
     lease, dispatcher, events = deps.lease, deps.dispatcher, deps.events
     if lease is not None:
-        with _best_effort(deps, thread_id, "its running slices were not told (lease revoke)"):
+        unrevoked = "its lease was not revoked (a running slice stops at its commit)"
+        with _best_effort(deps, thread_id, unrevoked):
             _revoke_tree(deps.store, lease, thread_id)
     if dispatcher is not None and rows:
-        with _best_effort(deps, thread_id, 'its "cancel" rows were not sent (the sweeper will)'):
+        unsent = 'its "cancel" rows were not sent (the sweeper sends them)'
+        with _best_effort(deps, thread_id, unsent):
             for row in rows:
                 dispatcher.dispatch(row)
             deps.store.mark_dispatched([row.id for row in rows])
     if dispatcher is not None:
-        for target in {t for t, *_ in commit.enqueue}:
-            with _best_effort(deps, thread_id, f"{target} was not woken (the sweeper will)"):
+        for target in {t for t, *_ in commit.enqueue}:  # the parent, for its report
+            unwoken = f"its parent {target} was not woken (the sweeper wakes it)"
+            with _best_effort(deps, thread_id, unwoken):
                 dispatcher.wake(target, Priority.BACKGROUND)
     if events is not None:
         with _best_effort(deps, thread_id, "its live events were not published"):
