@@ -294,9 +294,28 @@ class BaseClient(ABC):
         stops at its next lease renewal and writes nothing. ``reason`` stays on the
         thread's record (``closed_reason``). Closing a closed thread returns it unchanged.
         Raises ``UnknownThread``.
+
+        Once stored, the close is done and returned even if Redis or the broker is down:
+        revoking the lease, sending the cancel hooks and publishing the events are best
+        effort (``close_incomplete``); the version guard, the lease's expiry and the
+        sweeper do their part later.
         """
-        closing = Closing(self.store, dispatcher=self, lease=self.lease, events=self)
+        closing = Closing(
+            self.store,
+            dispatcher=self,
+            lease=self.lease,
+            events=self,
+            incomplete=self.close_incomplete,
+        )
         return close_thread(thread_id, reason, closing)
+
+    def close_incomplete(self, thread_id: str, missed: str, error: Exception) -> None:
+        """Called when a part of a stored close failed (Redis or the broker is down);
+        logs a warning. Override it to report it elsewhere (the ``dormant`` command prints
+        one line)."""
+        log.warning(
+            "thread %s is closed, but %s: %s: %s", thread_id, missed, type(error).__name__, error
+        )
 
     # reading ----------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@
     │   ├── ModelRetryable          rate limit, 5xx, dropped or truncated stream
     │   └── ModelFatal              bad request, auth: retrying cannot help
     └── ControlSignal               not failures: control flow between layers
-        ├── LeaseLost               another slice owns the thread now
+        ├── LeaseLost               another slice owns the thread now, or it was closed
         ├── SteeredAway             new user text cancels a running completion
         ├── Throttled               no model capacity now: the slice defers its thread
         └── CrashPoint              raised at an armed test crash point
@@ -304,9 +304,10 @@ class SliceDeadlineExceeded(LimitExceeded):
 
 
 class BudgetExceeded(LimitExceeded):
-    """A model call would pass the thread's budget: the slice writes nothing and the
-    thread stalls at once, its ``last_error`` this message (``budget: <limit> used/limit``)
-    until ``raise_budget`` or ``retry``."""
+    """A model call would pass the thread's budget: the slice consumes nothing (it keeps
+    only a compaction summary it paid for) and the thread stalls at once, its
+    ``last_error`` this message (``budget: <limit> used/limit``) until ``raise_budget``
+    or ``retry``."""
 
     def __init__(self, thread_id: str, limit: str, used: float, allowed: float) -> None:
         super().__init__(f"budget: {limit} {_amount(used)}/{_amount(allowed)} (thread {thread_id})")
@@ -355,9 +356,18 @@ class ControlSignal(DormantError):
 
 
 class LeaseLost(ControlSignal):
-    def __init__(self, thread_id: str) -> None:
-        super().__init__(f"lease on thread {thread_id!r} was lost to another slice")
+    """The slice's lease was taken or revoked; ``closed_reason`` is set (possibly "") when
+    the thread was closed meanwhile, which revokes it."""
+
+    def __init__(self, thread_id: str, closed_reason: str | None = None) -> None:
+        if closed_reason is None:
+            message = f"lease on thread {thread_id!r} was lost to another slice"
+        else:
+            why = f" ({closed_reason})" if closed_reason else ""
+            message = f"thread {thread_id!r} was closed{why}: the slice stopped, nothing written"
+        super().__init__(message)
         self.thread_id = thread_id
+        self.closed_reason = closed_reason
 
 
 class SteeredAway(ControlSignal):

@@ -245,8 +245,8 @@ class LocalSystem(BaseClient):
             self._queued.pop(thread_id, None)
         try:
             outcome = run_slice(thread_id, self.deps)
-        except LeaseLost:  # closed meanwhile (close_thread revoked the lease): nothing written
-            log.info("slice of thread %s stopped: its lease was taken or revoked", thread_id)
+        except LeaseLost as lost:  # closed meanwhile (close_thread revoked the lease)
+            log.info("slice of thread %s stopped: %s", thread_id, lost)
         else:
             if isinstance(outcome, Deferred) and outcome.wait_s <= 2 * PLACE_WAKE_EARLY_S:
                 self._sweep_after(outcome.wait_s)

@@ -261,7 +261,9 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
             outcome = run_slice(thread_id, rt.deps)
         except CrashPoint as crash:
             _die(crash.name)
-        except LeaseLost:
+        except LeaseLost as lost:
+            if lost.closed_reason is not None:  # the close revoked it: say so, not a race
+                return _short(str(lost))
             return "lease lost: another slice took the thread"
         match outcome:
             case Failed(error=error, stalled=True):

@@ -22,9 +22,10 @@ from dormant.messages import (
 from dormant.models import ModelSettings, ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.models.prices import Price, cost_of
+from dormant.ops.check import check_store
 from dormant.runtime.slice import Failed, Idle, Stalled, Waiting
 from dormant.settings import Settings
-from dormant.stores.base import Store, ThreadStatus
+from dormant.stores.base import InboxState, Store, ThreadStatus
 from dormant.tools import tool
 from tests.harness import Harness
 
@@ -280,9 +281,13 @@ def test_an_idle_agent_under_budget_runs_as_before() -> None:
     assert not isinstance(h.step(t), Waiting)
 
 
-def test_a_limit_met_inside_a_slice_commits_its_turns_then_stalls(store: Store) -> None:
+def test_a_limit_met_inside_a_slice_commits_its_turns_and_queues_the_results_not_yet_read(
+    store: Store,
+) -> None:
     """Calls answered inside the slice (a tool the agent lacks) ask the model again in the
-    same slice: the turns already made are kept, and counted, when the budget stops it."""
+    same slice: the turns already made are kept, and counted, when the budget stops it;
+    the results its model has not read yet wait in the inbox, so the thread resumes with
+    them when its budget is raised."""
     model = ScriptedModel(looping, name="gpt-4.1-mini")
     agent = Agent("lacking", model=model, budget=Budget(max_completions_per_message=2))
     h = harness(agent, store)
@@ -294,13 +299,52 @@ def test_a_limit_met_inside_a_slice_commits_its_turns_then_stalls(store: Store) 
     assert info.status is ThreadStatus.STALLED
     assert info.last_error.startswith("budget: max_completions_per_message 2/2")
     assert h.store.usage(thread_id=t)["lacking"].completions == 2
-    assert not h.store.has_pending_after(t, 0)  # the launch message was applied
+    last = h.history(t)[-1]
+    assert isinstance(last, AssistantTurn)  # its result is queued, not in the history yet
+    [held] = h.store.inbox(t, InboxState.PENDING)
+    assert held.message.kind == "result" and held.message.call_id == last.calls[0].call_id
+    assert check_store(h.store) == []  # a call waiting for its queued result, well formed
 
     h.raise_budget(t, max_completions_per_message=3)
-    assert h.store.thread(t).status is ThreadStatus.IDLE
-    h.send(t, "once more")
+    assert h.store.thread(t).status is ThreadStatus.WAITING
     assert isinstance(h.step(t), Failed)
     assert turns(h, t) == 5
+    shown = model.requests[2].items[-1]
+    assert isinstance(shown, ToolResult) and shown.call_id == last.calls[0].call_id
+    assert check_store(h.store) == []
+
+
+def test_a_child_stopped_right_after_reporting_closes_once_its_budget_is_raised(
+    store: Store,
+) -> None:
+    def script(items: Sequence[Item]) -> Completion:
+        last = items[-1]
+        if isinstance(last, UserText):
+            return reply("", call("spawn_thread", instructions="look into it"))
+        if isinstance(last, ToolResult) and last.content.startswith("You are now inside"):
+            return reply("", call("report_to_parent", report="found it"))
+        if isinstance(last, ToolResult) and last.name == "report_to_parent":
+            return reply("", call("close_thread", report="done"))
+        return reply("noted")
+
+    model = ScriptedModel(script, name="gpt-4.1-mini")
+    agent = Agent("a", model=model, threads=True, budget=Budget(max_completions_per_message=1))
+    h = harness(agent, store)
+    root = h.launch("a", "go")
+    h.drain()
+    (child,) = h.store.children(root)
+    assert h.store.thread(child.id).last_error.startswith("budget: max_completions_per_message")
+
+    h.raise_budget(root, max_completions_per_message=5)
+    h.drain()
+    assert h.store.thread(child.id).status is ThreadStatus.CLOSED
+    reports = [i.content for i in h.history(root) if isinstance(i, EventShown)]
+    assert reports == [
+        f"Report from child thread {child.id}: found it",
+        f"Child thread {child.id} closed. Final report: done",
+    ]
+    assert h.store.thread(root).status is ThreadStatus.IDLE
+    assert check_store(h.store) == []
 
 
 @tool(subscription=True)

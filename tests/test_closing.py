@@ -29,6 +29,7 @@ from dormant.messages import (
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.ops.check import check_store
+from dormant.runtime.outcomes import Closed
 from dormant.stores.base import CallState, InboxState, Priority, Snapshot, Store, ThreadStatus
 from dormant.stores.memory.store import MemoryStore
 from tests.conftest import StoreOpener
@@ -198,6 +199,7 @@ class _Streamer:
     started: threading.Event = field(default_factory=threading.Event)
     sent: int = 0
     stopped_by: str = ""
+    stopped_why: str = ""
 
     def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
         last = request.items[-1]
@@ -210,6 +212,7 @@ class _Streamer:
                 on_chunk("word ")
                 self.sent += 1
         except Exception as error:
+            self.stopped_why = str(error)
             self.stopped_by = type(error).__name__
             raise
         return reply("word " * self.chunks)
@@ -241,6 +244,10 @@ def test_closing_a_thread_mid_slice_abandons_the_model_call_and_commits_nothing_
         system.run_until_idle(timeout_s=20)
 
         assert model.stopped_by == "LeaseLost"
+        # stopped by the close, and it says so: not "lost to another slice"
+        assert model.stopped_why == (
+            f"thread {thread_id!r} was closed (stop now): the slice stopped, nothing written"
+        )
         assert model.sent < model.chunks  # it stopped streaming, well before the end
         assert system.history(thread_id) == before  # nothing of the abandoned slice
         assert not any(isinstance(i, AssistantTurn) and "word" in i.text for i in before)
@@ -350,3 +357,67 @@ def test_a_message_stored_between_a_closes_read_and_its_commit_is_rejected_visib
     assert row.state is InboxState.REJECTED and "is closed" in row.reason
     assert any(isinstance(e, Rejected) and e.message_id == "late" for e in h.events(thread_id))
     assert check_store(h.store) == []
+
+
+hooked: list[tuple[str, str]] = []
+
+
+@tool(subscription=True, on_cancel=lambda ctx: hooked.append((ctx.thread_id, ctx.call_id)))
+def watch_repo(repo: str) -> str:
+    """Subscribe to a repository's pushes."""
+    return f"watching {repo}"
+
+
+def _subscriber(items: Sequence[Item]) -> Completion:
+    """A subscriber whose build is still running when events come (its history has no
+    safe point after the subscription), and event threads that close themselves."""
+    last = items[-1]
+    if isinstance(last, UserText):
+        return reply("", call("watch_repo", "w1", repo="r"), call("run_build", "b1", target="x"))
+    if isinstance(last, EventShown):
+        return reply("", call("close_thread", report="seen"))
+    return reply("ok")
+
+
+@pytest.mark.parametrize("how", ["itself", "from outside", "with its subscriber"])
+def test_an_event_thread_closing_never_runs_its_subscribers_cancel_hook(
+    store: Store, how: str
+) -> None:
+    hooked.clear()
+    agent = Agent("a", model=ScriptedModel(_subscriber), tools=[watch_repo, run_build])
+    h = Harness(agent, store=store)
+    t = h.launch("a", "watch")
+    h.drain()
+    for n in range(2):
+        h.send_event(t, "w1", f"push {n}", message_id=f"push-{n}")
+        h.step(t)
+        event = h.store.children(t)[-1]
+        assert event.metadata["role"] == "event"
+        if how == "from outside":
+            h.close_thread(event.id)
+        elif how == "itself":
+            h.drain()
+        assert h.store.thread(event.id).status is ThreadStatus.CLOSED or how != "itself"
+        h.run_tools()
+        assert hooked == []  # the subscription is its subscriber's, and still live
+        assert h.store.call(t, "w1").state is CallState.SUBSCRIBED
+    if how == "with its subscriber":
+        h.close_thread(t)
+        h.run_tools()
+        assert hooked == [(t, "w1")]  # once, for the subscriber only
+
+
+def test_a_slice_whose_commit_a_close_beat_ends_closed_not_stale(store: Store) -> None:
+    """A close between a slice's load and its commit moves the version: the slice's
+    outcome says the thread was closed, not that another slice took it."""
+    h: Harness
+
+    def closes_meanwhile(items: Sequence[Item]) -> Completion:
+        h.close_thread(t, reason="the customer left")
+        return reply("too late")
+
+    h = Harness(Agent("a", model=ScriptedModel(closes_meanwhile)), store=store)
+    t = h.launch("a", "hi")
+    assert isinstance(h.step(t), Closed)
+    assert h.history(t) == []  # nothing of the slice was written
+    assert h.store.thread(t).closed_reason == "the customer left"

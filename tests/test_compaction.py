@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+import pytest
+
 from dormant import Agent, tool
 from dormant.messages import (
     AssistantTurn,
@@ -17,6 +19,7 @@ from dormant.messages import (
     UserText,
 )
 from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.runtime.slice import Failed
 from dormant.stores.base import Commit, NewThread, Store, StoredItem, ThreadStatus
 from tests.harness import Harness
 
@@ -286,10 +289,49 @@ def test_a_compaction_is_counted_in_usage_but_not_against_the_per_message_cap() 
     h.step(t)  # 1900 of 1950 spent: the compaction runs, its 100 tokens leave none to reply
     assert h.thread(t).last_error.startswith("budget: max_tokens 2000/1950")
     assert model.summaries == 2
-    # nothing was written, the summary included: the user's text waits for its reply
-    assert h.store.thread(t).tree_tokens == 1900
+    # the summary it paid for is kept and counted; the user's text waits for its reply
+    assert h.store.thread(t).tree_tokens == 2000
+    assert h.store.usage(thread_id=t)["a"].tokens == 2000
+    assert h.history(t) == [Summary(text="summary #2", upto_seq=5)]
     assert [r.message.kind for r in h.store.inbox(t) if r.state.value == "pending"] == ["user"]
     h.raise_budget(t, max_tokens=5000)
     h.step(t)
-    assert model.summaries == 3
+    assert model.summaries == 2  # not paid for again
     assert h.history(t)[-1] == AssistantTurn(text="reply to UserText")
+
+
+def test_a_compaction_the_cost_limit_stops_before_its_reply_is_kept_and_paid_once(
+    store: Store,
+) -> None:
+    from dormant import Budget
+    from dormant.models.prices import Price
+
+    model = Chatty(chat)  # replies read 900 tokens, summaries 100: 0.9 and 0.1 at this price
+    price = {"chatty": Price(input_per_mtok=1000.0, output_per_mtok=0.0)}
+    budget = Budget(max_cost=1.95)
+    h = Harness(Agent("a", model=model, budget=budget, prices=price), store=store)
+    t = h.launch("a", "hello")
+    h.step(t)
+    h.send(t, "more")
+    h.step(t)  # a summary, then the reply: 1.9 spent
+    h.send(t, "again")
+    stopped = h.step(t)  # the compaction runs; the reply it was for would pass the limit
+    assert isinstance(stopped, Failed) and stopped.stalled
+    assert h.thread(t).last_error.startswith("budget: max_cost 2/1.95")
+    assert h.store.thread(t).tree_cost == pytest.approx(2.0)
+    ledger = h.store.usage(thread_id=t)["a"]
+    assert (ledger.completions, ledger.cost) == (4, pytest.approx(2.0))
+    assert len(model.requests) == 4
+
+    for _ in range(2):  # retries meet the same limit at once, paying nothing
+        h.retry(t)
+        assert isinstance(h.step(t), Failed)
+    assert len(model.requests) == 4
+    assert h.store.usage(thread_id=t)["a"].completions == 4
+
+    h.raise_budget(t, max_cost=5.0)
+    h.step(t)
+    assert model.summaries == 2
+    assert [type(i).__name__ for i in model.requests[-1].items] == ["Summary", "UserText"]
+    assert h.history(t)[-1] == AssistantTurn(text="reply to UserText")
+    assert h.store.thread(t).tree_cost == pytest.approx(2.9)

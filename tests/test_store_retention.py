@@ -114,9 +114,9 @@ def test_prune_deletes_closed_trees_and_finished_rows_and_keeps_live_work(store:
 
     batches: list[PruneCounts] = []
     total = prune(store, soon(), batch=1, on_batch=batches.append)
-    # A dry run's row counts include the rows of the trees it would delete with them.
-    assert total.threads == 2 and total.inbox == 1 and dry.inbox == 3
-    assert batches and all(b.inbox <= 1 for b in batches)  # batch=1: one row per statement
+    # The rows of the trees deleted count as deleted (two), as in the dry run.
+    assert total == dry == PruneCounts(threads=2, inbox=3)
+    assert batches == [total]  # batch=1: one tree (two threads), one finished row
     for gone in (closed, child):
         with pytest.raises(UnknownThread, match="pruned"):
             store.thread(gone)

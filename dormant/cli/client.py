@@ -37,6 +37,11 @@ class CommandClient(Client):
             "so the sweeper will wake it"
         )
 
+    def close_incomplete(self, thread_id: str, missed: str, error: Exception) -> None:
+        known = explain(error)
+        detail = str(known) if known is not None else f"{type(error).__name__}: {error}"
+        say(f"warning: thread {thread_id} is closed, but {missed} ({detail})")
+
 
 def connect_client(
     settings: Settings, agents_module: str | None, *, check_database: Callable[[str], None]

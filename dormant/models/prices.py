@@ -3,17 +3,23 @@
 ``DEFAULT_PRICES`` holds the list prices (US dollars) of the models the docs name; an
 agent adds or overrides entries with ``Agent(prices={...})``. A model with no price costs
 0: its tokens are still counted, so ``max_tokens`` still bounds it.
+
+The provider adapters name their models ``"openai:gpt-4.1-mini"``, ``"anthropic:..."``
+while price pages (and this table) use the bare name: ``price_of`` tries the full name
+first, then the bare one, each also without a dated snapshot suffix, so an entry keyed
+either way prices the model.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 
 from dormant.messages import Usage
 
-__all__ = ["DEFAULT_PRICES", "Price", "cost_of"]
+__all__ = ["DEFAULT_PRICES", "Price", "cost_of", "price_of"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,10 +48,25 @@ DEFAULT_PRICES: Mapping[str, Price] = MappingProxyType(
 """List prices in US dollars (OpenAI and Anthropic price pages, late 2025)."""
 
 
+_DATED = re.compile(r"-(?:\d{4}-\d{2}-\d{2}|\d{8})$")
+"""A snapshot's date at the end of a model name: ``-2025-04-14`` (OpenAI), ``-20250929``
+(Anthropic)."""
+
+
+def price_of(model_name: str, prices: Mapping[str, Price] = DEFAULT_PRICES) -> Price | None:
+    """The entry of ``prices`` for ``model_name``: its full name
+    (``"openai:gpt-4.1-mini"``), else its name after the provider prefix
+    (``"gpt-4.1-mini"``), else either without a snapshot date
+    (``"gpt-4.1-mini-2025-04-14"``); None if there is none."""
+    _, _, bare = model_name.partition(":")
+    names = (model_name, bare, _DATED.sub("", model_name), _DATED.sub("", bare))
+    return next((prices[name] for name in names if name and name in prices), None)
+
+
 def cost_of(usage: Usage, model_name: str, prices: Mapping[str, Price] = DEFAULT_PRICES) -> float:
     """The cost of one completion's ``usage`` (``input_tokens`` includes the cached ones);
-    0 for a model ``prices`` does not name."""
-    price = prices.get(model_name)
+    0 for a model ``prices`` does not name (``price_of``)."""
+    price = price_of(model_name, prices)
     if price is None:
         return 0.0
     cached = min(usage.cached_tokens, usage.input_tokens)

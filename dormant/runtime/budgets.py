@@ -2,10 +2,12 @@
 
 ``Meter`` is made once per slice that calls its model. ``check`` refuses a call once a
 limit of the thread's budget is reached (``BudgetExceeded``: the slice then writes nothing
-and the thread stalls at once, see ``failures.py``); ``charge`` adds a completion's usage
-and cost; the slice commits ``spend`` (a ledger row, added to the root's tree totals) and
-``message_completions``. A limit reached after the slice's first reply stops it there:
-it commits the turns it made (their usage counted) and the thread stalls right after.
+but a compaction summary it already paid for, and the thread stalls at once, see
+``failures.py``); ``charge`` adds a completion's usage and cost; the slice commits
+``spend`` (a ledger row, added to the root's tree totals) and ``message_completions``. A
+limit reached after the slice's first reply stops it there: it commits the turns it made
+(their usage counted), the results its model has not read yet queued in its inbox
+(``calls.hold_back``), and the thread stalls right after.
 
 The budget is the root's own (``launch(..., budget=...)``, ``raise_budget``) if it has
 one, else the agent's. ``max_tokens`` and ``max_cost`` count the whole tree, read from
@@ -82,10 +84,10 @@ class Meter:
 
     def allows_another(self) -> bool:
         """Whether the slice may call its model again for a reply. Before its first reply
-        a reached limit raises ``BudgetExceeded`` (the slice writes nothing, not even a
-        compaction's summary: the user's message must not be consumed without a reply);
-        after it, the slice stops calling, commits what it made, then stalls the thread
-        with ``stopped``."""
+        a reached limit raises ``BudgetExceeded`` (the slice consumes nothing: the user's
+        message must not be consumed without a reply; a compaction summary made just
+        before is kept alone, see ``SliceCommit._keep_summary``); after it, the slice stops
+        calling, commits what it made, then stalls the thread with ``stopped``."""
         if not self.replies:
             self.check()
             return True

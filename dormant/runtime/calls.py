@@ -3,19 +3,21 @@
 A call to the reserved event name, to an unknown tool or with arguments that fail the
 tool's schema is answered at once with an error result (the model is asked again); a
 built-in is applied as a pure state change; any other tool gets an outbox row, so it is
-dispatched after the commit.
+dispatched after the commit. When the budget stops the slice before the model reads the
+results it answered so, ``hold_back`` queues them instead (``runtime/budgets.py``).
 """
 
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 from dormant.agents import Agent
 from dormant.messages import EVENT_TOOL_NAME, ParentMessage, ToolCall, ToolResult, ToolResultMessage
 from dormant.runtime.children import close_thread, report_to_parent, spawn_child
 from dormant.runtime.history import Applied
 from dormant.runtime.turn import Turn
-from dormant.stores.base import CallRecord, CallState, NewTimer, Priority
+from dormant.stores.base import CallRecord, CallState, NewTimer, Priority, StoredItem
 from dormant.tools.builtins import (
     Answer,
     BuiltinContext,
@@ -28,7 +30,7 @@ from dormant.tools.builtins import (
     run_builtin,
 )
 
-__all__ = ["fresh_ids", "start_call"]
+__all__ = ["fresh_ids", "hold_back", "start_call"]
 
 
 def start_call(
@@ -124,3 +126,27 @@ def fresh_ids(calls: tuple[ToolCall, ...], known: dict[str, CallRecord]) -> tupl
         seen.add(call.call_id)
         fresh.append(call)
     return tuple(fresh)
+
+
+def hold_back(thread_id: str, answered: list[StoredItem], applied: Applied, turn: Turn) -> None:
+    """Move the results the slice just gave (the tail of ``turn``) to the thread's own
+    inbox, their calls pending again: the budget stopped the slice before its model read
+    them. Kept as items, nothing would be queued, so after ``raise_budget`` or ``retry``
+    no slice would ever show them to the model (a child that reported would never get to
+    close). Queued, the thread stalls like one waiting for a tool's result, and its next
+    slice applies them and asks the model. What the calls did (a report sent, a child
+    spawned) is committed with the turn as usual."""
+    if not answered:
+        return
+    tail = len(turn.items) - len(answered)
+    assert turn.items[tail:] == answered, "the answered results are the turn's last items"
+    del turn.items[tail:]
+    for stored in answered:
+        result = stored.item
+        assert isinstance(result, ToolResult)
+        call = applied.calls[result.call_id]
+        applied.calls[call.call_id] = replace(call, state=CallState.PENDING)
+        message = ToolResultMessage(
+            call_id=result.call_id, content=result.content, is_error=result.is_error
+        )
+        turn.enqueue.append((thread_id, stored.message_id, message, Priority.BACKGROUND))

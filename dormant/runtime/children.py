@@ -152,7 +152,7 @@ def close_thread(
     answers what is still pending as it commits (``stores/closing.py``) and the store
     closes the descendants in the same transaction."""
     turn.closing = True
-    for live in streams_to_stop(applied.calls.values(), thread.fork_seq):
+    for live in streams_to_stop(applied.calls.values(), thread):
         turn.outbox.append((live.call_id, "cancel"))
     if thread.metadata.get("role") == "event":
         if report:

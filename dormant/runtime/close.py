@@ -10,22 +10,33 @@ and tries again. A slice still running when the close commits fails its own vers
 so nothing of it is written; the close also revokes the thread's lease, so that slice's
 next renewal (while it streams) raises ``LeaseLost`` and it abandons the model call there
 rather than at its commit.
+
+Once the commit is made the close is done: what follows (the lease revoked, the "cancel"
+rows sent, the parent woken, the events published: Redis and the broker) is best effort.
+A part that fails is told to ``Closing.incomplete`` (by default: logged as a warning),
+never raised: the caller would report a close that happened as failed. What each part would
+have done happens anyway, later: a running slice stops at its commit (its version
+guard) and its lease expires after ``lease_ttl_s``; the sweeper sends the unsent "cancel"
+rows and wakes the parent for its queued report; only the live events are lost.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Protocol
 
 from dormant.agents import AgentRegistry
-from dormant.errors import DormantError
+from dormant.errors import ControlSignal, DormantError
 from dormant.messages import ChildReport, Event, Inbound, ItemAdded, Rejected, StatusChanged
 from dormant.runtime.deps import Dispatcher, EventSink
 from dormant.stores.base import (
     Commit,
     Lease,
+    OutboxRow,
     Priority,
     SliceStore,
     Snapshot,
@@ -68,6 +79,9 @@ class Closing:
     dispatcher: Dispatcher | None = None
     lease: Lease | None = None
     events: EventSink | None = None
+    incomplete: Callable[[str, str, Exception], None] | None = None
+    """Told (thread id, what was not done, the error) when a part after the commit fails;
+    without it, a warning is logged."""
 
 
 def close_thread(thread_id: str, reason: str, deps: Closing) -> ThreadInfo:
@@ -94,22 +108,55 @@ def _close(
         rows = deps.store.commit(commit)
         if rows is None:
             continue  # a slice committed meanwhile: close what it left
-        if deps.lease is not None:
-            _revoke_tree(deps.store, deps.lease, thread_id)
-        if deps.dispatcher is not None:
-            for row in rows:
-                deps.dispatcher.dispatch(row)
-            if rows:
-                deps.store.mark_dispatched([row.id for row in rows])
-            for target in {t for t, *_ in commit.enqueue}:
-                deps.dispatcher.wake(target, Priority.BACKGROUND)
-        if deps.events is not None:
-            for event in _events(snap, commit):
-                deps.events.publish(event)
+        _after_close(deps, snap, commit, rows)
         return deps.store.thread(thread_id)
     raise DormantError(
         f"thread {thread_id!r} kept changing: not closed after {CLOSE_ATTEMPTS} attempts"
     )
+
+
+def _after_close(deps: Closing, snap: Snapshot, commit: Commit, rows: list[OutboxRow]) -> None:
+    """The close's best-effort parts, each on its own (see the module docstring)."""
+    thread_id = snap.thread.id
+    lease, dispatcher, events = deps.lease, deps.dispatcher, deps.events
+    if lease is not None:
+        unrevoked = "its lease was not revoked (a running slice stops at its commit)"
+        with _best_effort(deps, thread_id, unrevoked):
+            _revoke_tree(deps.store, lease, thread_id)
+    if dispatcher is not None and rows:
+        unsent = 'its "cancel" rows were not sent (the sweeper sends them)'
+        with _best_effort(deps, thread_id, unsent):
+            for row in rows:
+                dispatcher.dispatch(row)
+            deps.store.mark_dispatched([row.id for row in rows])
+    if dispatcher is not None:
+        for target in {t for t, *_ in commit.enqueue}:  # the parent, for its report
+            unwoken = f"its parent {target} was not woken (the sweeper wakes it)"
+            with _best_effort(deps, thread_id, unwoken):
+                dispatcher.wake(target, Priority.BACKGROUND)
+    if events is not None:
+        with _best_effort(deps, thread_id, "its live events were not published"):
+            for event in _events(snap, commit):
+                events.publish(event)
+
+
+@contextmanager
+def _best_effort(deps: Closing, thread_id: str, missed: str) -> Iterator[None]:
+    try:
+        yield
+    except ControlSignal:
+        raise
+    except Exception as error:
+        if deps.incomplete is not None:
+            deps.incomplete(thread_id, missed, error)
+        else:
+            log.warning(
+                "thread %s is closed, but %s: %s: %s",
+                thread_id,
+                missed,
+                type(error).__name__,
+                error,
+            )
 
 
 def close_idle_threads(deps: Closing, agents: AgentRegistry, now: datetime) -> int:
@@ -151,7 +198,7 @@ def _still_idle(snap: Snapshot, idle_before: datetime) -> bool:
 def _closing_commit(snap: Snapshot, reason: str) -> Commit:
     thread = snap.thread
     calls = snap.calls.values()
-    stopped = [(c.call_id, "cancel") for c in streams_to_stop(calls, thread.fork_seq)]
+    stopped = [(c.call_id, "cancel") for c in streams_to_stop(calls, thread)]
     changed, results = close_calls(thread.id, calls, snap.next_seq)
     refusal = f"thread {thread.id!r} was closed: {reason}"
     enqueue: list[tuple[str, str, Inbound, int]] = []

@@ -4,7 +4,8 @@ by the thread's version, then tell and dispatch what it wrote.
 The commit carries the turn's items, changed calls, inbox rows marked done, rejected or
 deferred, outbox rows, timers (and the timers of passive calls that stopped), new
 threads and messages to other threads (and, when the turn closes the thread, its open
-calls closed and its descendants with it); a version that moved makes the slice ``Stale``.
+calls closed and its descendants with it); a version that moved makes the slice ``Stale``
+(``Closed`` when a close moved it).
 After it: the events (items, rejections, a status change, dispatched tools), wake-ups for
 the threads written to, and one stamp for every outbox row dispatched.
 
@@ -13,10 +14,25 @@ the threads written to, and one stamp for every outbox row dispatched.
 
 from __future__ import annotations
 
-from dormant.messages import Event, ItemAdded, Rejected, StatusChanged, ToolDispatched
+from dormant.messages import (
+    Event,
+    ItemAdded,
+    Rejected,
+    StatusChanged,
+    Summary,
+    ToolDispatched,
+    Usage,
+)
 from dormant.runtime.deps import SliceDeps
 from dormant.runtime.history import Applied
-from dormant.runtime.outcomes import SliceOutcome, Stale, settled, status_after, waiting_on
+from dormant.runtime.outcomes import (
+    Closed,
+    SliceOutcome,
+    Stale,
+    settled,
+    status_after,
+    waiting_on,
+)
 from dormant.runtime.turn import Turn
 from dormant.stores.base import (
     CallState,
@@ -24,6 +40,7 @@ from dormant.stores.base import (
     OutboxRow,
     Priority,
     Snapshot,
+    StoredItem,
     ThreadStatus,
 )
 from dormant.stores.closing import close_calls
@@ -86,11 +103,46 @@ class SliceCommit:
         deps.crash("before_commit")
         rows = deps.store.commit(commit)
         if rows is None:
-            return Stale(self.thread_id), None
+            return self._overtaken(), None
         self.committed = True
         deps.crash("after_commit")
         self._after_commit(snap, applied, turn, status, rows)
         return settled(self.thread_id, status, applied.calls), self.seen
+
+    def _overtaken(self) -> SliceOutcome:
+        """The outcome of a commit whose version moved: ``Closed`` if a close moved it
+        (so the slice is reported as stopped by the close, not by a race), else
+        ``Stale``."""
+        if self.deps.store.thread(self.thread_id).status is ThreadStatus.CLOSED:
+            return Closed(self.thread_id)
+        return Stale(self.thread_id)
+
+    def _keep_summary(self, snap: Snapshot, turn: Turn) -> SliceOutcome | None:
+        """Commit only the compaction summary this slice paid for, and what it spent, when
+        the budget then refused the reply it was made for: nothing else of the turn (the
+        input stays queued, its status unchanged). Dropped, the summary would be paid for
+        again on every retry and never counted. None once committed, else the outcome of
+        a version that moved (``_overtaken``)."""
+        summary = next(s for s in turn.items if isinstance(s.item, Summary))
+        assert turn.meter is not None
+        commit = Commit(
+            thread_id=self.thread_id,
+            version=snap.thread.version,
+            status=snap.thread.status,
+            inbox_seen=snap.thread.inbox_seen,
+            items=[StoredItem(snap.next_seq, summary.message_id, summary.item)],
+            usage=Usage(),  # the old count no longer describes the history
+            spend=turn.meter.spend,
+            message_completions=snap.thread.message_completions,  # a summary is no reply
+        )
+        self._check_deadline()
+        if self.deps.store.commit(commit) is None:
+            return self._overtaken()
+        self.committed = True
+        self.events += [
+            ItemAdded(thread_id=self.thread_id, seq=s.seq, item=s.item) for s in commit.items
+        ]
+        return None
 
     def _after_commit(
         self,
@@ -112,8 +164,8 @@ class SliceCommit:
         if status is not snap.thread.status:
             detail = waiting_on(applied) if status is ThreadStatus.WAITING else ""
             events.append(StatusChanged(thread_id=self.thread_id, status=status, detail=detail))
-        for thread_id in {t for t, *_ in turn.enqueue}:
-            deps.dispatcher.wake(thread_id, Priority.BACKGROUND)
+        for thread_id in {t for t, *_ in turn.enqueue} - {self.thread_id}:
+            deps.dispatcher.wake(thread_id, Priority.BACKGROUND)  # its own: held back
         for outbox in rows:
             deps.dispatcher.dispatch(outbox)
             known = applied.calls.get(outbox.call_id)

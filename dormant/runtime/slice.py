@@ -45,7 +45,7 @@ from dormant.messages import (
 from dormant.models.base import Model, ModelRequest
 from dormant.runtime.admission import Caller, defer
 from dormant.runtime.budgets import Meter
-from dormant.runtime.calls import fresh_ids, start_call
+from dormant.runtime.calls import fresh_ids, hold_back, start_call
 from dormant.runtime.children import (
     instructions_for,
     spawn_event_thread,
@@ -256,6 +256,14 @@ class _Slice(SliceWatch, SliceCommit):
                 return Steered(self.thread_id), self.seen
             except Throttled as throttled:  # nothing consumed; woken when capacity is back
                 return defer(deps, throttled), self.seen
+            except BudgetExceeded as spent:
+                if turn.meter is None or not turn.meter.spend.completions:
+                    raise  # nothing was paid for: nothing to keep
+                # A compaction was, then the budget refused its reply: keep the summary.
+                overtaken = self._keep_summary(snap, turn)
+                if overtaken is not None:
+                    return overtaken, None
+                return self._failed(snap.thread.failures, str(spent), stall_after=1), None
         committed = self._commit(snap, applied, turn)
         if turn.meter is not None and turn.meter.stopped and self.committed:
             return self._failed(0, turn.meter.stopped, stall_after=1), committed[1]
@@ -278,9 +286,11 @@ class _Slice(SliceWatch, SliceCommit):
             visible = self._compact(agent, model, snap.items, visible, turn, meter)
         check_history_size(deps, self.thread_id, visible)
         instructions = instructions_for(agent, snap.thread)
+        answered: list[StoredItem] = []
         for _ in range(deps.settings.max_rounds_per_slice):
             self._check_deadline()
             if not meter.allows_another():
+                hold_back(self.thread_id, answered, applied, turn)
                 return
             request = ModelRequest(
                 self.thread_id,
@@ -306,10 +316,12 @@ class _Slice(SliceWatch, SliceCommit):
                 lambda: deps.store.children(self.thread_id),
                 deps.clock(),
             )
+            answered = []
             for call in calls:
                 result = start_call(agent, call, assistant.seq, applied, turn, ctx)
                 if result is not None:
-                    visible.append(turn.add(f"{call.call_id}:result", result))
+                    answered.append(turn.add(f"{call.call_id}:result", result))
+            visible += answered
             if not calls or turn.closing or has_pending(applied.calls):
                 return
 

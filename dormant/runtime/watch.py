@@ -21,6 +21,7 @@ from dormant.models.base import Completion, Model, ModelRequest
 from dormant.runtime.admission import Caller, complete_admitted
 from dormant.runtime.deps import SliceDeps
 from dormant.runtime.failures import check_deadline
+from dormant.stores.base import ThreadStatus
 
 __all__ = ["SliceWatch"]
 
@@ -92,7 +93,9 @@ class SliceWatch:
         ttl_s = self.deps.settings.lease_ttl_s
         if now - self.renewed_at > ttl_s / 3:
             if not self.deps.lease.renew(self.thread_id, self.token, ttl_s):
-                raise LeaseLost(self.thread_id)
+                thread = self.deps.store.thread(self.thread_id)  # say why: a close revokes
+                closed = thread.status is ThreadStatus.CLOSED
+                raise LeaseLost(self.thread_id, thread.closed_reason if closed else None)
             self.renewed_at = now
 
     def _on_chunk(self, text: str) -> None:

@@ -256,8 +256,9 @@ class SweepStore(Protocol):
         top's last change); then finished inbox rows, ran outbox rows and fired timers
         older than ``older_than``. A pruned inbox row's message id stays a duplicate: in
         the history, or remembered by the store (SQL: a digest in ``pruned_ids``; memory:
-        its digest set). ``dry_run`` deletes nothing and counts every candidate (not one
-        batch's worth; its row counts include the rows of the trees it counts)."""
+        its digest set). The counts say what went: a deleted thread's inbox rows, outbox
+        rows and timers count as rows too. ``dry_run`` deletes nothing and counts every
+        candidate the same way (not one batch's worth)."""
         ...
 
 

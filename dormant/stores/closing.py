@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from dormant.messages import ToolResult
-from dormant.stores.base import CallRecord, CallState, StoredItem
+from dormant.stores.base import CallRecord, CallState, StoredItem, ThreadInfo
 
 __all__ = ["close_calls", "streams_to_stop"]
 
@@ -44,17 +44,23 @@ def close_calls(
     return changed, results
 
 
-def streams_to_stop(calls: Iterable[CallRecord], fork_seq: int | None) -> list[CallRecord]:
-    """The live subscriptions a closing thread cancels with a "cancel" outbox row: its own
-    (first result due, or events flowing), not the spawn or subscription call it inherited
-    from its parent, which is the parent's to stop, and not its children's spawn calls,
-    which the store closes with their threads."""
+def streams_to_stop(calls: Iterable[CallRecord], thread: ThreadInfo) -> list[CallRecord]:
+    """The live subscriptions a closing ``thread`` cancels with a "cancel" outbox row: its
+    own (first result due, or events flowing), not the spawn or subscription call it
+    inherited from its parent, which is the parent's to stop, and not its children's spawn
+    calls, which the store closes with their threads.
+
+    An event thread's copy of its subscription is the parent's call: its position says
+    nothing (an event thread forks at its subscriber's last safe point, which is before the
+    subscription while another call of that turn is pending), so its id decides. Stopping
+    it ran the subscriber's cancel hook on every event, the subscription still live."""
     live = (CallState.PENDING, CallState.SUBSCRIBED)
     return [
         c
         for c in calls
         if c.subscription
         and c.state in live
-        and c.seq > (fork_seq or 0)
+        and c.seq > (thread.fork_seq or 0)
+        and c.call_id != thread.parent_call_id
         and c.name != "spawn_thread"
     ]

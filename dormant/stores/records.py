@@ -219,11 +219,12 @@ class PruneCounts:
     threads: int = 0
     """Closed threads deleted, each with every row it owns."""
     inbox: int = 0
-    """Finished (done, rejected) inbox rows of live threads."""
+    """Inbox rows: those of the threads deleted, and finished (done, rejected) ones of
+    live threads."""
     outbox: int = 0
-    """Outbox rows a worker ran."""
+    """Outbox rows: those of the threads deleted, and ones a worker ran."""
     timers: int = 0
-    """Fired timers."""
+    """Timers: those of the threads deleted, and fired ones."""
 
     @property
     def total(self) -> int:
@@ -307,7 +308,8 @@ class Commit:
     row each, returned with this commit's rows so the hooks run)."""
     enqueue: list[tuple[str, str, Inbound, int]] = field(default_factory=list)
     """Messages for other threads, (thread_id, message_id, message, priority), written in
-    the same transaction (a child's seed, a report to a parent); duplicates are ignored."""
+    the same transaction (a child's seed, a report to a parent; for the thread itself, the
+    results a budget stop held back); duplicates are ignored."""
     usage: Usage | None = None
     closed_reason: str = ""
     """With status closed: why (kept on the thread's record, shown by ``dormant show``)."""

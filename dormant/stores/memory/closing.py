@@ -56,7 +56,7 @@ class MemoryClosing:
                 hot = self._heat(child.id, t)
                 first = next_seq(hot.info, hot.items)
                 changed, results = close_calls(child.id, hot.calls.values(), first)
-                for call in streams_to_stop(hot.calls.values(), child.fork_seq):
+                for call in streams_to_stop(hot.calls.values(), child):
                     row = OutboxRow(next(self._ids), child.id, call.call_id, "cancel", now)
                     self._outbox[row.id] = row
                     rows.append(row)

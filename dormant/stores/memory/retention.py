@@ -92,10 +92,15 @@ class MemoryRetention:
             ]
             if not dry_run:
                 trees = trees[:limit]
+            doomed = {thread_id for tree in trees for thread_id in tree}
+            in_trees = self._rows_of(doomed)  # counted, as deleted, with their threads
+            if not dry_run:
                 for tree in trees:
                     self._delete_tree(tree)
             finished = 0
-            for t in self._threads.values():
+            for thread_id, t in self._threads.items():
+                if thread_id in doomed:  # a dry run: counted with its tree
+                    continue
                 kept: list[bytes] = []
                 lines = t.hot.done if t.hot is not None else unpack_lines(t.done, framings().rows)
                 for line in lines:
@@ -113,7 +118,7 @@ class MemoryRetention:
                 else:
                     t.done = pack_lines(kept, framings().rows)
             # Ran outbox rows and fired timers are not kept in memory at all.
-            return PruneCounts(threads=sum(len(tree) for tree in trees), inbox=finished)
+            return in_trees + PruneCounts(inbox=finished)
 
     def _prunable_top(self, info: ThreadInfo, older_than: datetime) -> bool:
         """A root, or a closed thread under an open parent that has applied everything it
@@ -143,6 +148,21 @@ class MemoryRetention:
             tree.append(thread_id)
             todo += self._children.get(thread_id, ())
         return tree
+
+    def _rows_of(self, doomed: set[str]) -> PruneCounts:
+        """What deleting the threads ``doomed`` deletes: the threads, every inbox row
+        (finished or not), outbox row and timer of theirs."""
+        inbox = 0
+        for thread_id in doomed:
+            t = self._threads[thread_id]
+            done = t.hot.done if t.hot is not None else unpack_lines(t.done, framings().rows)
+            inbox += len(done) + len(self._open.get(thread_id, {}))
+        return PruneCounts(
+            threads=len(doomed),
+            inbox=inbox,
+            outbox=sum(r.thread_id in doomed for r in self._outbox.values()),
+            timers=sum(r.thread_id in doomed for r in self._timers.values()),
+        )
 
     def _delete_tree(self, tree: list[str]) -> None:
         doomed = set(tree)

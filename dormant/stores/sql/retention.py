@@ -12,7 +12,7 @@ from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import Connection, Table, delete, exists, func, literal, or_, select, update
+from sqlalchemy import Connection, Table, and_, delete, exists, func, literal, or_, select, update
 from sqlalchemy.sql import Select
 
 from dormant.errors import DuplicateMessage, InboxFull, UnknownThread
@@ -131,8 +131,8 @@ class SQLRetention:
         cutoff = as_utc(older_than)
         if dry_run:
             return self._count_prunable(cutoff)
-        return PruneCounts(
-            threads=self._prune_trees(cutoff, limit) + self._prune_subtrees(cutoff, limit),
+        in_trees = self._prune_trees(cutoff, limit) + self._prune_subtrees(cutoff, limit)
+        return in_trees + PruneCounts(
             inbox=self._prune_inbox(cutoff, limit),
             outbox=self._prune_rows(self._schema.outbox, self._ran_outbox(cutoff), limit),
             timers=self._prune_rows(self._schema.timers, self._fired_timers(cutoff), limit),
@@ -166,28 +166,37 @@ class SQLRetention:
         return (timers.c.fired_at.is_not(None), timers.c.fired_at < cutoff)
 
     @retry_busy
-    def _prune_trees(self, cutoff: datetime, limit: int) -> int:
+    def _prune_trees(self, cutoff: datetime, limit: int) -> PruneCounts:
         """One transaction: up to ``limit`` closed trees, each with everything it owns."""
         t = self._schema
         with self._tx(write=True) as conn:
             roots = list(conn.execute(self._prunable_roots(cutoff).limit(limit)).scalars())
             if not roots:
-                return 0
+                return PruneCounts()
             members = select(t.threads.c.id).where(t.threads.c.root_id.in_(roots))
             if self._postgres:
                 # Lock the tree first: a concurrent enqueue (which reads the thread FOR
                 # SHARE) then waits, and finds no thread, instead of adding a row we miss.
                 conn.execute(members.with_for_update())
             ids = list(conn.execute(members).scalars())
-            self._delete_threads(conn, ids)
-            return len(ids)
+            return self._delete_threads(conn, ids)
 
-    def _delete_threads(self, conn: Connection, ids: list[str]) -> None:
-        """Every row of these threads, in every table: a pruned thread leaves nothing."""
+    def _delete_threads(self, conn: Connection, ids: list[str]) -> PruneCounts:
+        """Every row of these threads, in every table: a pruned thread leaves nothing.
+        The counts: the threads, and their inbox rows (finished or not), outbox rows and
+        timers, so that what is reported deleted is what was."""
         t = self._schema
+        deleted: dict[str, int] = {}
         for table in (t.items, t.calls, t.inbox, t.outbox, t.timers, t.pruned_ids, t.ledger):
-            conn.execute(delete(table).where(table.c.thread_id.in_(ids)))
+            gone = conn.execute(delete(table).where(table.c.thread_id.in_(ids)))
+            deleted[table.name] = gone.rowcount
         conn.execute(delete(t.threads).where(t.threads.c.id.in_(ids)))
+        return PruneCounts(
+            threads=len(ids),
+            inbox=deleted[t.inbox.name],
+            outbox=deleted[t.outbox.name],
+            timers=deleted[t.timers.name],
+        )
 
     def _closed_under_open(self, cutoff: datetime) -> Select[Any]:
         """Closed threads untouched since ``cutoff`` whose parent is open, once the parent
@@ -231,7 +240,7 @@ class SQLRetention:
         return tree
 
     @retry_busy
-    def _prune_subtrees(self, cutoff: datetime, limit: int) -> int:
+    def _prune_subtrees(self, cutoff: datetime, limit: int) -> PruneCounts:
         """One transaction: up to ``limit`` closed subtrees under open parents (finished
         children and event threads of a root that lives on)."""
         threads = self._schema.threads
@@ -240,11 +249,10 @@ class SQLRetention:
             trees = [tree for top in tops if (tree := self._subtree(conn, top, cutoff))]
             ids = [thread_id for tree in trees for thread_id in tree]
             if not ids:
-                return 0
+                return PruneCounts()
             if self._postgres:  # as in _prune_trees: a concurrent enqueue waits, then fails
                 conn.execute(select(threads.c.id).where(threads.c.id.in_(ids)).with_for_update())
-            self._delete_threads(conn, ids)
-            return len(ids)
+            return self._delete_threads(conn, ids)
 
     @retry_busy
     def _prune_inbox(self, cutoff: datetime, limit: int) -> int:
@@ -303,9 +311,17 @@ class SQLRetention:
                 if (tree := self._subtree(conn, top, cutoff))
             ]
             in_trees = count(select(t.threads.c.id).where(t.threads.c.root_id.in_(roots)))
+            under_open = [thread_id for tree in subtrees for thread_id in tree]
+
+            def rows(table: Table, where: tuple[Any, ...]) -> int:
+                """A pruned thread's rows all go, the others' as ``where`` says."""
+                members = select(t.threads.c.id).where(t.threads.c.root_id.in_(roots))
+                doomed = or_(table.c.thread_id.in_(members), table.c.thread_id.in_(under_open))
+                return count(select(table.c.id).where(or_(doomed, and_(*where))))
+
             return PruneCounts(
-                threads=in_trees + sum(len(tree) for tree in subtrees),
-                inbox=count(select(t.inbox.c.id).where(*self._finished_inbox(cutoff))),
-                outbox=count(select(t.outbox.c.id).where(*self._ran_outbox(cutoff))),
-                timers=count(select(t.timers.c.id).where(*self._fired_timers(cutoff))),
+                threads=in_trees + len(under_open),
+                inbox=rows(t.inbox, self._finished_inbox(cutoff)),
+                outbox=rows(t.outbox, self._ran_outbox(cutoff)),
+                timers=rows(t.timers, self._fired_timers(cutoff)),
             )

@@ -376,7 +376,7 @@ def close_descendants(conn: Connection, thread_id: str, now: datetime) -> list[O
             upsert_calls(conn, child.id, changed)
             insert_items(conn, child.id, results)
             cancel_timers(conn, child.id, [c.call_id for c in calls])
-            live = [(child.id, c.call_id, "cancel") for c in streams_to_stop(calls, child.fork_seq)]
+            live = [(child.id, c.call_id, "cancel") for c in streams_to_stop(calls, child)]
             cancelled += insert_outbox(conn, live, now)
             conn.execute(
                 update(t.threads)
