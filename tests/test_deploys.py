@@ -277,8 +277,8 @@ def test_a_renamed_agent_and_tool_run_old_threads_and_calls_through_aliases() ->
     h = Harness(old)
     thread_id, row = _old_call(h)
     find_order = _renamed_find_order(upgrade_args=lambda args: {"order_id": args.pop("id")})
-    new = Agent("support", aliases=["helpdesk"], model=_calls("find_order", order_id=7),
-                tools=[find_order])  # fmt: skip
+    model = _calls("find_order", order_id=7)
+    new = Agent("support", aliases=["helpdesk"], model=model, tools=[find_order])
     h.deps = replace(h.deps, agents=AgentRegistry([new]))
 
     outcome = execute_outbox(row, h.store, h.deps.agents, h, h.callback_url)
