@@ -9,14 +9,16 @@ upgraded or refused readably.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from dormant import Agent, ToolContext, tool
+from dormant import Agent, LocalSystem, Settings, ToolContext, tool
 from dormant.agents import AgentRegistry
 from dormant.messages import Item, ToolResult
 from dormant.models import ScriptedModel, reply
@@ -24,7 +26,13 @@ from dormant.models.base import Completion
 from dormant.models.scripted import call
 from dormant.runtime.outcomes import Failed, Idle, Left
 from dormant.runtime.whereabouts import Elsewhere, Gone, Whereabouts, card_of, locate
-from dormant.stores.base import CallState, InboxState, OutboxRow, ThreadStatus, WorkerCard
+from dormant.stores.base import (
+    CallState,
+    InboxState,
+    OutboxRow,
+    ThreadStatus,
+    WorkerCard,
+)
 from dormant.tools.base import Tool
 from dormant.tools.outcomes import Answered, CancelHookRan, NotHere, Raised
 from dormant.tools.runner import execute_outbox
@@ -312,3 +320,54 @@ def test_aliases_that_clash_are_refused_when_the_agents_are_registered() -> None
         AgentRegistry([_agent(status), _agent(status, name="ops", aliases=["triage"])])
     with pytest.raises(ConfigurationError, match="duplicate tools"):
         _agent(status, _renamed_find_order(), lookup)
+
+
+# The embedded runtime: two processes of two versions on one SQLite file ---------------
+
+
+def test_two_local_systems_on_one_sqlite_file_leave_each_other_what_they_lack(
+    tmp_path: Path,
+) -> None:
+    """A process without the new agent leaves its threads' slices to the process that has
+    it: never stalled, nothing consumed, and the new process answers them."""
+    url = f"sqlite:///{tmp_path}/deploy.db"
+    settings = Settings(sweep_interval_s=0.2)
+    ops = Agent("ops", model=ScriptedModel(lambda items: reply(f"new code: {len(items)}")))
+    with LocalSystem([ops], url, settings=settings) as first:
+        thread_ids = [first.launch("ops", f"deploy {n}") for n in range(3)]
+        first.run_until_idle()
+    with LocalSystem([_agent(status)], url, settings=settings) as old:
+        for thread_id in thread_ids:
+            old.send(thread_id, "and again")  # the old process wakes them: it lacks "ops"
+        deadline = time.monotonic() + 30
+        while old.slices_run < len(thread_ids):
+            assert time.monotonic() < deadline, "the old process never took the slices"
+            time.sleep(0.01)  # polling the old process's pool, with a deadline
+        for thread_id in thread_ids:
+            info = old.thread(thread_id)
+            assert (
+                info.failures == 0
+                and not info.last_error
+                and info.status is not ThreadStatus.STALLED
+            )
+            assert len(old.store.inbox(thread_id, InboxState.PENDING)) == 1, "not consumed"
+        with LocalSystem([ops], url, settings=settings) as new:
+            new.run_until_idle(timeout_s=30)
+            for thread_id in thread_ids:
+                assert new.history(thread_id)[-1].text == "new code: 3"  # type: ignore[union-attr]
+                assert new.thread(thread_id).status is ThreadStatus.IDLE
+
+
+def test_a_local_system_whose_agent_is_gone_stalls_its_threads_saying_so(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/gone.db"
+    ops = Agent("ops", model=ScriptedModel(lambda _items: reply("on it")))
+    with LocalSystem([ops], url) as before:
+        thread_id = before.launch("ops", "deploy")
+        before.run_until_idle()
+    after_settings = Settings(name_gone_after_s=0.0, announce_interval_s=0.01)
+    with LocalSystem([_agent(status)], url, settings=after_settings) as after:
+        after.send(thread_id, "deploy again")
+        report = after.run_until_idle(raise_on_failure=False)
+    (failed,) = report.failed
+    assert failed.thread_id == thread_id
+    assert "agent 'ops' is not deployed on any live worker (last seen" in failed.error
