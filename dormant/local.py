@@ -187,6 +187,8 @@ class LocalSystem(BaseClient):
         self._nudge.set()
         self._sweeper.join()
         self._pool.shutdown(wait=True)
+        if self.whereabouts is not None:
+            self.whereabouts.withdraw()
         self.store.close()
         close_mcp_sessions()
 

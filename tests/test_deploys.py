@@ -9,6 +9,7 @@ upgraded or refused readably.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -262,6 +263,12 @@ def lookup(id: int) -> str:
     return f"order {id}"
 
 
+def from_lookup(args: dict[str, Any]) -> dict[str, Any]:
+    """docs/upgrades.md's: calls made before the rename passed ``id``; current calls pass
+    through unchanged."""
+    return {"order_id": args.pop("id"), **args} if "id" in args else args
+
+
 def _renamed_find_order(**options: Any) -> Tool:
     @tool(aliases=["lookup"], **options)
     def find_order(order_id: int, include_lines: bool = False) -> str:
@@ -284,7 +291,8 @@ def test_a_renamed_agent_and_tool_run_old_threads_and_calls_through_aliases() ->
     old = Agent("helpdesk", model=_calls("lookup", id=7), tools=[lookup])
     h = Harness(old)
     thread_id, row = _old_call(h)
-    find_order = _renamed_find_order(upgrade_args=lambda args: {"order_id": args.pop("id")})
+    find_order = _renamed_find_order(upgrade_args=from_lookup)
+    assert find_order.invoke({"order_id": 8}, None) == "order 8 (lines: False)"  # type: ignore[arg-type]
     model = _calls("find_order", order_id=7)
     new = Agent("support", aliases=["helpdesk"], model=model, tools=[find_order])
     h.deps = replace(h.deps, agents=AgentRegistry([new]))
@@ -371,3 +379,27 @@ def test_a_local_system_whose_agent_is_gone_stalls_its_threads_saying_so(tmp_pat
     (failed,) = report.failed
     assert failed.thread_id == thread_id
     assert "agent 'ops' is not deployed on any live worker (last seen" in failed.error
+
+
+def test_dormant_versions_shows_each_agent_version_and_the_live_workers_that_run_it(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    url = f"sqlite:///{tmp_path}/versions.db"
+    with LocalSystem([_agent(status, version="v1")], url) as old:
+        old_id = old.whereabouts.card.worker_id  # type: ignore[union-attr]
+    with LocalSystem([_agent(status, scan, version="v2")], url) as new:
+        new_id = new.whereabouts.card.worker_id  # type: ignore[union-attr]
+        shown = CliRunner().invoke(app, ["versions", "--database-url", url, "--json"])
+        table = CliRunner().invoke(app, ["versions", "--database-url", url])
+    assert shown.exit_code == 0, shown.output
+    records = {(r["agent"], r["version"]): r for r in json.loads(shown.output)}
+    assert set(records) == {("triage", "v1"), ("triage", "v2")}
+    assert records["triage", "v2"]["tools"] == ["scan", "status"]
+    assert records["triage", "v1"]["tools"] == ["status"]
+    assert records["triage", "v2"]["live_workers"] == [new_id]
+    assert records["triage", "v1"]["live_workers"] == [], f"{old_id} closed: v1 is drained"
+    assert table.exit_code == 0 and "v2" in table.output and "none: drained" in table.output

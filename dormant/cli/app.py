@@ -29,6 +29,7 @@ from dormant.cli.errors import DEBUG_FLAG, PROG, reported, say
 from dormant.cli.retention import prune, quarantine, retry
 from dormant.cli.serve import serve
 from dormant.cli.usage import raise_budget, usage
+from dormant.cli.versions import versions
 from dormant.cli.workers import beat, worker
 
 if TYPE_CHECKING:
@@ -312,6 +313,7 @@ app.command()(reported(quarantine))
 app.command()(reported(prune))
 app.command()(reported(usage))
 app.command("raise-budget")(reported(raise_budget))
+app.command()(reported(versions))
 app.command()(reported(_own_celery_app(worker)))
 app.command()(reported(_own_celery_app(beat)))
 app.command()(reported(serve))

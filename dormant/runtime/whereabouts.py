@@ -184,6 +184,12 @@ class Whereabouts:
 
         threading.Thread(target=loop, name="dormant-roster", daemon=True).start()
 
+    def withdraw(self) -> None:
+        """Mark this process's card dead at once (a clean shutdown), keeping when it was
+        last seen: nobody waits three intervals for a worker that stopped."""
+        now = datetime.now(UTC)
+        self.announce(now - timedelta(seconds=self.live_s))
+
     def announce_if_due(self, now: datetime | None = None) -> None:
         now = now or datetime.now(UTC)
         with self._lock:
