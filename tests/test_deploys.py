@@ -403,3 +403,59 @@ def test_dormant_versions_shows_each_agent_version_and_the_live_workers_that_run
     assert records["triage", "v2"]["live_workers"] == [new_id]
     assert records["triage", "v1"]["live_workers"] == [], f"{old_id} closed: v1 is drained"
     assert table.exit_code == 0 and "v2" in table.output and "none: drained" in table.output
+
+
+def test_check_upgrade_reports_each_thing_new_code_could_not_run_in_the_open_threads(
+    tmp_path: Path,
+) -> None:
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+    from dormant.stores.sql.store import upgrade
+
+    @tool(deferred=True)
+    def old_lookup(id: int, ctx: ToolContext) -> None:
+        """Look an order up (the old signature)."""
+
+    @tool(subscription=True)
+    def watch(repo: str) -> str:
+        """Watch a repository."""
+        return "watching"
+
+    @tool(deferred=True)
+    def deferred_scan(repo: str, ctx: ToolContext) -> None:
+        """Start a scan."""
+
+    url = f"sqlite:///{tmp_path}/check.db"
+    scan_v1, lookup_v1 = replace(deferred_scan, name="scan"), replace(old_lookup, name="lookup")
+    old = [
+        Agent("ops", model=ScriptedModel(lambda _items: reply("on it"))),
+        Agent("triage", model=_calls("scan", repo="api"), tools=[scan_v1]),
+        Agent("helpdesk", model=_calls("lookup", id=7), tools=[lookup_v1]),
+        Agent("watcher", model=_calls("watch", repo="api"), tools=[watch]),
+    ]
+    with LocalSystem(old, url) as system:
+        ids = {a.name: system.launch(a.name, "go") for a in old}
+        closed = system.launch("ops", "and go away")
+        system.run_until_idle()
+        system.close_thread(closed, reason="done")
+        system.run_until_idle()
+
+    command = ["check", "--upgrade", "--agents", "tests.deploy_check_agents", "--database-url"]
+    found = CliRunner().invoke(app, [*command, url])
+
+    assert found.exit_code == 1, found.output
+    lines = found.output.splitlines()
+    assert lines[-1] == "4 problem(s) for tests.deploy_check_agents in the open threads"
+    by_thread = {line.split(": ", 1)[0]: line for line in lines[:-1]}
+    assert set(by_thread) == set(ids.values()), "the closed thread is not reported"
+    assert "agent gone: agent 'ops' is not defined" in by_thread[ids["ops"]]
+    assert "tool gone: call" in by_thread[ids["triage"]]
+    assert "'scan' is pending; agent 'triage' has no such tool" in by_thread[ids["triage"]]
+    assert "arguments invalid" in by_thread[ids["helpdesk"]]
+    assert "order_id: Field required" in by_thread[ids["helpdesk"]]
+    assert "cancel hook gone" in by_thread[ids["watcher"]]
+    upgrade(f"sqlite:///{tmp_path}/new.db")
+    fine = CliRunner().invoke(app, [*command, f"sqlite:///{tmp_path}/new.db"])
+    assert fine.exit_code == 0, fine.output
+    assert fine.output == "no problems found in the open threads\n"
