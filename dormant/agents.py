@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib
+import json
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
@@ -57,11 +59,16 @@ class Agent:
     weight: float = 1.0
     """This agent's share of model capacity when calls queue for admission (a weight 2
     agent's deferred threads are woken twice as often as a weight 1 agent's)."""
+    version: str = ""
+    """What the deploy calls this agent's code ("2026-12-03", a git sha); when empty, a
+    fingerprint of its instructions, model and tool schemas (``fingerprint``)."""
+    aliases: Sequence[str] = ()
+    """Earlier names of this agent: threads launched under one of them run this agent."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
             raise ConfigurationError(f"agent name {self.name!r} must be letters, digits, - or _")
-        names = [t.name for t in self.tools]
+        names = [n for t in self.tools for n in t.names]
         duplicates = sorted({n for n in names if names.count(n) > 1})
         if duplicates:
             raise ConfigurationError(f"agent {self.name!r} has duplicate tools: {duplicates}")
@@ -72,6 +79,8 @@ class Agent:
             raise ConfigurationError(f"agent {self.name!r}: compact_at must be in (0, 1]")
         if self.close_after_idle_s is not None and not self.close_after_idle_s > 0:
             raise ConfigurationError(f"agent {self.name!r}: close_after_idle_s must be positive")
+        if self.name in self.aliases:
+            raise ConfigurationError(f"agent {self.name!r} lists its own name as an alias")
         if not self.weight > 0:
             raise ConfigurationError(f"agent {self.name!r}: weight must be positive")
 
@@ -83,11 +92,28 @@ class Agent:
         situation still answer a call with an error saying why (a root has no parent).
         """
         for t in self.tools:
-            if t.name == name:
+            if name in t.names:
                 return t
         if name in THREAD_TOOLS and not self.threads:
             return None
         return BUILTINS.get(name)
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """``version``, or 12 hex digits of a digest of what the model sees of this agent
+        (instructions, model, tool schemas): two deploys with the same fingerprint run the
+        same agent."""
+        if self.version:
+            return self.version
+        model = self.model if isinstance(self.model, str) else self.model.name
+        shape = [self.instructions, model, [(s.name, s.parameters) for s in self._own_specs]]
+        text = json.dumps(shape, sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+    @property
+    def tool_names(self) -> frozenset[str]:
+        """Every name a call may use for this agent's own tools, aliases included."""
+        return frozenset(n for t in self.tools for n in t.names)
 
     @functools.cached_property
     def _own_specs(self) -> tuple[ToolSpec, ...]:
@@ -132,19 +158,29 @@ class AgentRegistry(Mapping[str, Agent]):
 
     def __init__(self, agents: Iterable[Agent] = ()) -> None:
         self._agents: dict[str, Agent] = {}
+        self._aliases: dict[str, Agent] = {}
         for agent in agents:
             self.add(agent)
 
     def add(self, agent: Agent) -> None:
         if agent.name in self._agents and self._agents[agent.name] is not agent:
             raise ConfigurationError(f"two different agents are named {agent.name!r}")
+        for alias in agent.aliases:
+            taken = self._agents.get(alias) or self._aliases.get(alias)
+            if taken is not None and taken is not agent:
+                raise ConfigurationError(
+                    f"agent {agent.name!r} has the alias {alias!r}, which names {taken.name!r}"
+                )
         self._agents[agent.name] = agent
+        self._aliases.update(dict.fromkeys(agent.aliases, agent))
 
     def get_agent(self, name: str) -> Agent:
-        try:
-            return self._agents[name]
-        except KeyError:
-            raise UnknownAgent(name, list(self._agents)) from None
+        """The agent called ``name``, or the one that has it as an alias (a renamed agent's
+        threads keep their stored name)."""
+        agent = self._agents.get(name) or self._aliases.get(name)
+        if agent is None:
+            raise UnknownAgent(name, list(self._agents))
+        return agent
 
     def __getitem__(self, name: str) -> Agent:
         return self._agents[name]

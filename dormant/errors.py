@@ -23,6 +23,7 @@
     │   ├── CallAnswered            a second, different result for an answered call
     │   └── DuplicateMessage        the message id was already received
     ├── InvalidStreamId             a stream ``after`` id that is not one (``dormant.streams``)
+    ├── InvalidToolArguments        a call's arguments fail its tool's schema (the call's result)
     ├── ThreadsFailed               run_until_idle: threads stalled or retrying after failures
     ├── SliceFailed                 a slice failed or met a stalled thread (already recorded)
     ├── LimitExceeded               a slice outgrew a limit (recorded as its failure)
@@ -63,6 +64,7 @@ __all__ = [
     "InboxFull",
     "InvalidStreamId",
     "InvalidToken",
+    "InvalidToolArguments",
     "LeaseLost",
     "LimitExceeded",
     "MalformedMessage",
@@ -187,6 +189,12 @@ class SubscriptionCancelled(MessageRejected):
 
 class InvalidToken(MessageRejected):
     pass
+
+
+class InvalidToolArguments(DormantError):
+    """A call's arguments fail its tool's schema when the tool runs: a call stored before a
+    deploy changed the signature, with no ``upgrade_args`` that maps it. The message is
+    the same readable one a new call with bad arguments gets."""
 
 
 class InvalidStreamId(DormantError):

@@ -31,6 +31,7 @@ from dormant.runtime.limiter import MemoryLimiter
 from dormant.runtime.outcomes import Deferred
 from dormant.runtime.slice import SliceDeps, run_slice
 from dormant.runtime.sweeper import sweep_once
+from dormant.runtime.whereabouts import Whereabouts
 from dormant.settings import Settings
 from dormant.stores.base import OutboxRow, Priority, Store
 from dormant.stores.memory.live import MemoryLive
@@ -38,6 +39,7 @@ from dormant.stores.memory.store import MemoryStore
 from dormant.stores.memory.sync import MemoryDedup, MemoryLease
 from dormant.tools.claims import held_claim
 from dormant.tools.mcp_session import close_mcp_sessions
+from dormant.tools.outcomes import NotHere
 from dormant.tools.runner import execute_outbox
 
 __all__ = ["LocalSystem", "open_store"]
@@ -132,6 +134,20 @@ class LocalSystem(BaseClient):
         self._stop = threading.Event()
         self._nudge = threading.Event()
         self.slices_run = 0
+        # A memory store is this process's alone: what it lacks, nobody has. A database
+        # may be shared with other processes of other versions (a deploy's old and new).
+        self.whereabouts = (
+            None
+            if isinstance(store, MemoryStore)
+            else Whereabouts(
+                store,
+                registry,
+                announce_interval_s=settings.announce_interval_s,
+                gone_after_s=settings.name_gone_after_s,
+            )
+        )
+        if self.whereabouts is not None:
+            self.whereabouts.announce()
         self.deps = SliceDeps(
             store=self.store,
             lease=self.lease,
@@ -141,6 +157,7 @@ class LocalSystem(BaseClient):
             agents=registry,
             settings=settings,
             limiter=MemoryLimiter(),
+            whereabouts=self.whereabouts,
         )
         # Tool runs a previous process dispatched but never ran died with it: re-dispatch
         # them now, before this process dispatches anything of its own.
@@ -170,6 +187,8 @@ class LocalSystem(BaseClient):
         self._nudge.set()
         self._sweeper.join()
         self._pool.shutdown(wait=True)
+        if self.whereabouts is not None:
+            self.whereabouts.withdraw()
         self.store.close()
         close_mcp_sessions()
 
@@ -267,7 +286,7 @@ class LocalSystem(BaseClient):
         once its claim lapses."""
         with held_claim(self.store, row.id, self.settings.tool_claim_ttl_s) as run:
             if run:
-                execute_outbox(
+                outcome = execute_outbox(
                     row,
                     self.store,
                     self.deps.agents,
@@ -276,7 +295,10 @@ class LocalSystem(BaseClient):
                     self.deps.crash,
                     run=run,
                     max_runs=self.settings.tool_max_runs,
+                    whereabouts=self.whereabouts,
                 )
+        if run and isinstance(outcome, NotHere):  # the next sweep sends it again
+            self.store.unclaim_outbox(row.id)
 
     def _submit(self, fn: Callable[..., None], arg: object, priority: int) -> None:
         """Queue ``fn(arg)`` by priority: the pool thread that frees up next runs the most
@@ -317,6 +339,8 @@ class LocalSystem(BaseClient):
         while not self._stop.is_set():
             try:
                 self._sweep_once(grace_s=self.settings.outbox_grace_s)
+                if self.whereabouts is not None:
+                    self.whereabouts.announce_if_due()
                 if self.settings.prune_older_than_s > 0 and time.monotonic() >= prune_at:
                     prune_at = time.monotonic() + self.settings.prune_interval_s
                     self._prune()

@@ -33,6 +33,8 @@ ENV_NAMES = {
     "tool_claim_ttl_s": "DORMANT_TOOL_CLAIM_TTL_S",
     "tool_max_runs": "DORMANT_TOOL_MAX_RUNS",
     "tool_start_timeout_s": "DORMANT_TOOL_START_TIMEOUT_S",
+    "announce_interval_s": "DORMANT_ANNOUNCE_INTERVAL_S",
+    "name_gone_after_s": "DORMANT_NAME_GONE_AFTER_S",
     "hand_in_timeout_s": "DORMANT_HAND_IN_TIMEOUT_S",
     "broker_key_prefix": "DORMANT_BROKER_KEY_PREFIX",
     "max_message_bytes": "DORMANT_MAX_MESSAGE_BYTES",
@@ -136,6 +138,13 @@ class Settings:
     flushed or restarted Redis): the sweeper sends it again. A copy still queued behind a
     backlog finds the row claimed or ran and does nothing, so this only trades duplicate
     sends against the delay before lost work is re-sent."""
+    announce_interval_s: float = 30.0
+    """How often a worker (or a ``LocalSystem``) renews its card in the store's roster of
+    workers: the agents, tools and versions it runs (``runtime/whereabouts.py``)."""
+    name_gone_after_s: float = 900.0
+    """How long an agent or tool that no live worker has may still come back (a rolling
+    deploy, a worker restarting): until then a worker that lacks it leaves its work on the
+    queue; after it the call is answered with an error, or the thread stalls, saying so."""
     hand_in_timeout_s: float = 120.0
     """How long a finished tool keeps retrying, with backoff, to hand its result in while
     the database or Redis is unreachable; past it the run fails and the sweeper re-runs it."""
@@ -174,6 +183,10 @@ class Settings:
             raise ConfigurationError("lease_ttl_s and sweep_interval_s must be positive")
         if self.tool_claim_ttl_s <= 0 or self.tool_start_timeout_s <= 0:
             raise ConfigurationError("tool_claim_ttl_s and tool_start_timeout_s must be positive")
+        if self.announce_interval_s <= 0 or self.name_gone_after_s < 0:
+            raise ConfigurationError(
+                "announce_interval_s must be positive and name_gone_after_s not negative"
+            )
         if self.tool_max_runs < 1:
             raise ConfigurationError("tool_max_runs must be at least 1")
         if self.max_message_bytes < 1024:

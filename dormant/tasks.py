@@ -43,6 +43,7 @@ from dormant.runtime.slice import (
     Deferred,
     Failed,
     Idle,
+    Left,
     Missing,
     SliceDeps,
     SliceOutcome,
@@ -52,6 +53,7 @@ from dormant.runtime.slice import (
     Waiting,
     run_slice,
 )
+from dormant.runtime.whereabouts import Whereabouts
 from dormant.settings import Settings
 from dormant.stores.base import OutboxRow
 from dormant.stores.redis import (
@@ -70,6 +72,7 @@ from dormant.tools.outcomes import (
     AlreadyAnswered,
     Answered,
     CancelHookRan,
+    NotHere,
     Raised,
     Refused,
     Started,
@@ -101,6 +104,8 @@ class Runtime:
     """The tools' sink: their results and events go in like any client's messages."""
     deps: SliceDeps
     sweep: SweepParts
+    whereabouts: Whereabouts
+    """This worker's card in the roster, and where the names it lacks run."""
 
     @classmethod
     def build(cls, celery_app: Celery, settings: Settings, agents: AgentRegistry) -> Runtime:
@@ -122,6 +127,13 @@ class Runtime:
         sink = Client(store, dedup, settings, waker=dispatcher.wake, events=events, agents=agents)
         ending = RedisSliceEnd(client, lease, dedup, events)
         limiter = RedisLimiter(client, prefix)  # admission, and its counters
+        whereabouts = Whereabouts(
+            store,
+            agents,
+            announce_interval_s=settings.announce_interval_s,
+            gone_after_s=settings.name_gone_after_s,
+        )
+        whereabouts.keep_announcing()
         deps = SliceDeps(
             store,
             lease,
@@ -132,6 +144,7 @@ class Runtime:
             settings,
             ending=ending,
             limiter=limiter,
+            whereabouts=whereabouts,
         )
         closing = Closing(store, dispatcher, lease, events)
         sweep = SweepParts(
@@ -142,7 +155,7 @@ class Runtime:
             RedisSweepTurns(client, prefix),
             functools.partial(close_idle_threads, closing, agents),
         )
-        return cls(settings, store, marks, dispatcher, sink, deps, sweep)
+        return cls(settings, store, marks, dispatcher, sink, deps, sweep, whereabouts)
 
 
 class LazyRuntime:
@@ -186,6 +199,8 @@ def outcome_text(outcome: SliceOutcome) -> str:
             return "steered: new user text restarts the turn"
         case Deferred(wait_s=wait_s):
             return f"deferred {wait_s:.1f} s: no model capacity (the sweeper re-wakes it)"
+        case Left(why=why):
+            return _short(f"left for another worker: {why}")
         case Stalled(error=error):
             return _short(f"stalled: {error}")
         case Failed(error=error, stalled=stalled):
@@ -212,6 +227,8 @@ def _tool_text(outcome: ToolOutcome) -> str:
             return "cancelled: cancel hook ran"
         case CancelHookRan(error=error):
             return _short(f"error: cancel hook failed: {error}")
+        case NotHere(why=why):
+            return _short(f"left for another worker: {why}")
 
 
 def _short(text: str, limit: int = 200) -> str:
@@ -309,6 +326,7 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                     hand_in_timeout_s=rt.settings.hand_in_timeout_s,
                     run=run,
                     max_runs=rt.settings.tool_max_runs,
+                    whereabouts=rt.whereabouts,
                 )
             except CrashPoint as crash:
                 _die(crash.name)
@@ -316,6 +334,8 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                 log.warning("outbox row %d not run: %s", outbox_id, error)
                 rt.store.mark_ran([outbox_id])
                 return "missing"
+        if isinstance(outcome, NotHere):  # the next sweep sends it to the queue again
+            rt.store.unclaim_outbox(outbox_id)
         return _tool_text(outcome)
 
     # Sent by a beat of an earlier release only: no task events, no log line unless it

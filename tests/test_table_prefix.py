@@ -27,7 +27,17 @@ from dormant.stores.sql.tables import schema
 from tests.databases import empty_database
 
 runner = CliRunner()
-TABLES = {"threads", "items", "calls", "inbox", "outbox", "timers", "pruned_ids", "ledger"}
+TABLES = {
+    "threads",
+    "items",
+    "calls",
+    "inbox",
+    "outbox",
+    "timers",
+    "pruned_ids",
+    "ledger",
+    "workers",
+}
 
 
 def _unavailable(reason: str) -> None:

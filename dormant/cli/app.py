@@ -29,6 +29,7 @@ from dormant.cli.errors import DEBUG_FLAG, PROG, reported, say
 from dormant.cli.retention import prune, quarantine, retry
 from dormant.cli.serve import serve
 from dormant.cli.usage import raise_budget, usage
+from dormant.cli.versions import versions
 from dormant.cli.workers import beat, worker
 
 if TYPE_CHECKING:
@@ -139,18 +140,60 @@ def show(
             _rich(timeline(store, thread_id, full=full))
 
 
+def _check_upgrade(agents_module: str | None, database_url: str | None, as_json: bool) -> None:
+    from dormant.agents import AgentRegistry
+    from dormant.errors import ConfigurationError
+    from dormant.ops.upgrade_check import check_upgrade
+
+    module = agents_module or env_settings().agents_module
+    if not module:
+        raise ConfigurationError("dormant check --upgrade needs --agents MODULE or DORMANT_AGENTS")
+    agents = AgentRegistry.from_module(module)
+    with closing(open_store(database_url)) as store:
+        problems = list(check_upgrade(store, agents))
+    if as_json:
+        _print_json(
+            [{"thread_id": p.thread_id, "kind": p.kind, "detail": p.detail} for p in problems]
+        )
+    else:
+        for problem in problems:
+            typer.echo(str(problem))
+        found = f"{len(problems)} problem(s) for {module}" if problems else "no problems found"
+        typer.echo(f"{found} in the open threads")
+    if problems:
+        raise typer.Exit(1)
+
+
 @app.command()
 @reported
 def check(
     grace_s: float = typer.Option(
         60.0, "--grace-s", min=0, help="Work younger than this is in flight, not stuck."
     ),
+    upgrade: bool = typer.Option(
+        False,
+        "--upgrade",
+        help="Instead: check the open threads against the agents of --agents (a deploy's "
+        "new code): gone agents and tools, stored arguments that no longer validate.",
+    ),
+    agents_module: str | None = typer.Option(
+        None, "--agents", help="With --upgrade: the new agents module (default DORMANT_AGENTS)."
+    ),
     database_url: str | None = DatabaseOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Check the runtime's promises over every stored thread; exit 1 if any is broken."""
+    """Check the runtime's promises over every stored thread; exit 1 if any is broken.
+
+    With --upgrade, check what a deploy of the agents in --agents would meet in the open
+    threads instead (docs/upgrades.md); exit 1 if anything would not run.
+    """
     from dormant.ops.check import check_store
 
+    if upgrade:
+        _check_upgrade(agents_module, database_url, as_json)
+        return
+    if agents_module is not None:
+        raise typer.BadParameter("--agents goes with --upgrade", param_hint="--agents")
     with closing(open_store(database_url)) as store:
         problems = check_store(store, grace_s=grace_s)
     if as_json:
@@ -312,6 +355,7 @@ app.command()(reported(quarantine))
 app.command()(reported(prune))
 app.command()(reported(usage))
 app.command("raise-budget")(reported(raise_budget))
+app.command()(reported(versions))
 app.command()(reported(_own_celery_app(worker)))
 app.command()(reported(_own_celery_app(beat)))
 app.command()(reported(serve))

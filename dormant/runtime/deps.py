@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from dormant.agents import AgentRegistry
 from dormant.errors import CrashPoint
@@ -15,6 +15,9 @@ from dormant.messages import Event
 from dormant.runtime.limiter import Limiter
 from dormant.settings import Settings
 from dormant.stores.base import DedupSet, Lease, OutboxRow, SliceStore
+
+if TYPE_CHECKING:
+    from dormant.runtime.whereabouts import Whereabouts
 
 __all__ = ["Dispatcher", "EventSink", "SeparateEnd", "SliceDeps", "SliceEnd"]
 
@@ -79,6 +82,9 @@ class SliceDeps:
     """How a slice ends in one go; by default ``SeparateEnd`` over the parts above."""
     limiter: Limiter | None = None
     """Admission for model calls (``runtime/admission.py``); None: no limits, no counters."""
+    whereabouts: Whereabouts | None = None
+    """The roster of workers, asked when this process lacks a thread's agent
+    (``runtime/whereabouts.py``); None: a missing agent stalls the thread at once."""
 
     def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
         ending = self.ending or SeparateEnd(self.dedup, self.events, self.lease)

@@ -22,6 +22,7 @@ __all__ = [
     "Deferred",
     "Failed",
     "Idle",
+    "Left",
     "Missing",
     "SliceOutcome",
     "Stale",
@@ -106,6 +107,17 @@ class Deferred:
 
 
 @dataclass(frozen=True)
+class Left:
+    """This process lacks the thread's agent and another worker has it, or may soon (a
+    rolling deploy): nothing was written, and the thread is left for a worker that has it
+    (a Celery worker sends the slice back to the queue; the sweeper wakes it otherwise)."""
+
+    thread_id: str
+    why: str
+    not_before: datetime
+
+
+@dataclass(frozen=True)
 class Stalled:
     """The thread is stalled and was not run; ``retry`` re-drives it."""
 
@@ -114,7 +126,7 @@ class Stalled:
 
 
 SliceOutcome = (
-    Busy | Missing | Idle | Waiting | Closed | Stale | Failed | Stalled | Steered | Deferred
+    Busy | Missing | Idle | Waiting | Closed | Stale | Failed | Stalled | Steered | Deferred | Left
 )
 
 

@@ -67,6 +67,7 @@ from dormant.runtime.outcomes import (
     Deferred,
     Failed,
     Idle,
+    Left,
     Missing,
     SliceOutcome,
     Stale,
@@ -79,6 +80,7 @@ from dormant.runtime.outcomes import (
 from dormant.runtime.quarantine import isolate, poison
 from dormant.runtime.turn import Turn
 from dormant.runtime.watch import SliceWatch
+from dormant.runtime.whereabouts import Elsewhere, leave, locate_agent
 from dormant.stores.base import (
     InboxRow,
     Priority,
@@ -100,6 +102,7 @@ __all__ = [
     "EventSink",
     "Failed",
     "Idle",
+    "Left",
     "Missing",
     "SeparateEnd",
     "SliceDeps",
@@ -235,10 +238,13 @@ class _Slice(SliceWatch, SliceCommit):
         try:
             agent = deps.agents.get_agent(snap.thread.agent)
         except UnknownAgent as error:
-            # A deployment without this agent can never run the thread: stall it visibly
-            # (``retry`` once the agent is deployed) rather than fail on every sweep.
-            failed = self._failed(snap.thread.failures, f"{error} in this worker", stall_after=1)
-            return failed, None
+            # Never answer for code this process does not have: leave the thread to a
+            # worker that has its agent; only an agent gone from every worker stalls it
+            # (``retry`` once the agent is deployed), visibly, rather than fail each sweep.
+            where = locate_agent(deps, snap, error)
+            if isinstance(where, Elsewhere):
+                return leave(deps, self.thread_id, where.why), None
+            return self._failed(snap.thread.failures, where.why, stall_after=1), None
         self.steering = agent.steering == "interrupt"
         applied = apply_inbox(snap.thread, snap.calls, snap.inbox)
         turn = Turn(snap.next_seq)

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 from dormant.messages import Inbound
 from dormant.stores.records import (
     RETRIED_MARK,
+    AgentCard,
     CallRecord,
     CallState,
     Commit,
@@ -30,10 +31,12 @@ from dormant.stores.records import (
     ThreadInfo,
     ThreadStatus,
     TimerRow,
+    WorkerCard,
 )
 
 __all__ = [
     "RETRIED_MARK",
+    "AgentCard",
     "CallRecord",
     "CallState",
     "Commit",
@@ -57,6 +60,8 @@ __all__ = [
     "ThreadInfo",
     "ThreadStatus",
     "TimerRow",
+    "WorkerCard",
+    "WorkerRoster",
 ]
 
 
@@ -216,6 +221,12 @@ class SweepStore(Protocol):
         first), or 0 if the row ran or a live run holds it."""
         ...
 
+    def unclaim_outbox(self, outbox_id: int) -> None:
+        """Give back a claim whose run did not start the tool (this process lacks it): the
+        claim is not counted as a run, and the row is undispatched again, so the next sweep
+        sends it to the queue for any worker."""
+        ...
+
     def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
         """The running task's heartbeat; False once the row ran."""
         ...
@@ -262,7 +273,20 @@ class SweepStore(Protocol):
         ...
 
 
-class Store(SliceStore, InboxStore, QueryStore, SweepStore, Protocol):
+class WorkerRoster(Protocol):
+    """The processes that run agents, as they announced themselves (``WorkerCard``)."""
+
+    def announce(self, card: WorkerCard, forget_before: datetime) -> None:
+        """Store ``card`` (replacing the worker's last one) and drop the cards of workers
+        not seen since ``forget_before``."""
+        ...
+
+    def roster(self) -> list[WorkerCard]:
+        """Every card stored, live or not (``seen_at`` tells)."""
+        ...
+
+
+class Store(SliceStore, InboxStore, QueryStore, SweepStore, WorkerRoster, Protocol):
     """Everything a backend provides."""
 
     def close(self) -> None: ...

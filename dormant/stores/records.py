@@ -17,6 +17,7 @@ from dormant.messages import Inbound, Item, Usage
 
 __all__ = [
     "RETRIED_MARK",
+    "AgentCard",
     "CallRecord",
     "CallState",
     "Commit",
@@ -33,6 +34,7 @@ __all__ = [
     "ThreadInfo",
     "ThreadStatus",
     "TimerRow",
+    "WorkerCard",
 ]
 
 
@@ -317,3 +319,26 @@ class Commit:
     """What the slice's model calls used: a ledger row, added to the root's tree totals."""
     message_completions: int | None = None
     """The thread's new count of completions since its last user text (with ``spend``)."""
+
+
+@dataclass(frozen=True)
+class WorkerCard:
+    """What one process that runs agents announced (a Celery worker, a ``LocalSystem``):
+    the agents it has, each with its tools and version, renewed every
+    ``Settings.announce_interval_s`` (``seen_at``). The roster of cards tells a process
+    that lacks a name whether another one has it (``runtime/whereabouts.py``)."""
+
+    worker_id: str
+    host: str
+    agents: dict[str, AgentCard]
+    started_at: datetime
+    seen_at: datetime
+
+
+@dataclass(frozen=True)
+class AgentCard:
+    """One agent as a worker has it: its version and the names its tools answer to
+    (aliases included)."""
+
+    version: str
+    tools: frozenset[str]

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
+from dormant.errors import InvalidToolArguments
 from dormant.models.base import ToolSpec
 
 __all__ = ["Tool", "ToolContext", "ToolSink", "tool"]
@@ -93,6 +94,16 @@ class Tool:
     passive: bool = False
     builtin: bool = False
     on_cancel: Callable[[ToolContext], None] | None = None
+    aliases: tuple[str, ...] = ()
+    """Earlier names of this tool: a stored call to one of them runs this tool."""
+    upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """Turns arguments stored under an earlier signature into this one's; applied to every
+    call's arguments before they are validated (a current call's must pass unchanged)."""
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The names a call may use for this tool: its own, then its aliases."""
+        return (self.name, *self.aliases)
 
     @functools.cached_property
     def parameters(self) -> dict[str, Any]:
@@ -122,6 +133,11 @@ class Tool:
         """Run ``fn`` with validated arguments (and the context, if it asks for one)."""
         if self.fn is None:
             raise TypeError(f"tool {self.name!r} has no function to run")
+        if self.upgrade_args is not None:
+            args = self.upgrade_args(dict(args))
+        error = self.error_for(args)
+        if error is not None:
+            raise InvalidToolArguments(error.removeprefix("Error: "))
         values = dict(self.validate(args))
         if self.context_param:
             values[self.context_param] = ctx
@@ -139,6 +155,8 @@ def tool(
     deferred: bool = False,
     subscription: bool = False,
     on_cancel: Callable[[ToolContext], None] | None = None,
+    aliases: Sequence[str] = (),
+    upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -150,8 +168,14 @@ def tool(
     deferred: bool = False,
     subscription: bool = False,
     on_cancel: Callable[[ToolContext], None] | None = None,
+    aliases: Sequence[str] = (),
+    upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
-    """Make a function a tool: ``@tool`` or ``@tool(deferred=True)`` etc."""
+    """Make a function a tool: ``@tool`` or ``@tool(deferred=True)`` etc.
+
+    ``aliases`` are the tool's earlier names (a rename): calls stored under them, made
+    before a deploy, still run it. ``upgrade_args`` maps arguments stored under an earlier
+    signature to the current one (``docs/upgrades.md``)."""
 
     def make(f: Callable[..., Any]) -> Tool:
         arguments, context_param = _arguments_model(f)
@@ -164,6 +188,8 @@ def tool(
             deferred=deferred,
             subscription=subscription,
             on_cancel=on_cancel,
+            aliases=tuple(aliases),
+            upgrade_args=upgrade_args,
         )
 
     return make(fn) if fn is not None else make

@@ -13,6 +13,7 @@ __all__ = [
     "AlreadyAnswered",
     "Answered",
     "CancelHookRan",
+    "NotHere",
     "Raised",
     "Refused",
     "Started",
@@ -51,6 +52,14 @@ class Refused:
 
 
 @dataclass(frozen=True)
+class NotHere:
+    """This process lacks the call's tool (or agent) and another worker has it, or may
+    soon (a rolling deploy): nothing ran and the row is left for a worker that has it."""
+
+    why: str
+
+
+@dataclass(frozen=True)
 class CancelHookRan:
     """A cancelled subscription's cancel hook ran (``error`` if it raised), or there was none."""
 
@@ -58,4 +67,4 @@ class CancelHookRan:
     error: str | None = None
 
 
-ToolOutcome = Answered | Started | Raised | AlreadyAnswered | Refused | CancelHookRan
+ToolOutcome = Answered | Started | Raised | AlreadyAnswered | Refused | CancelHookRan | NotHere

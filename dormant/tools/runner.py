@@ -18,12 +18,14 @@ from dormant.agents import AgentRegistry
 from dormant.errors import (
     CallAnswered,
     ControlSignal,
+    InvalidToolArguments,
     MessageRejected,
     NotFound,
     SubscriptionCancelled,
     ThreadClosed,
     UnknownAgent,
 )
+from dormant.runtime.whereabouts import Elsewhere, Whereabouts
 from dormant.stores.base import CallState, OutboxRow, QueryStore
 from dormant.stores.outages import unreachable_server
 from dormant.tools.base import ToolContext, ToolSink
@@ -31,6 +33,7 @@ from dormant.tools.outcomes import (
     AlreadyAnswered,
     Answered,
     CancelHookRan,
+    NotHere,
     Raised,
     Refused,
     Started,
@@ -95,12 +98,18 @@ def execute_outbox(
     hand_in_timeout_s: float = 0.0,
     run: int = 1,
     max_runs: int = 3,
+    whereabouts: Whereabouts | None = None,
 ) -> ToolOutcome:
     """Run ``row``; every failure of the tool becomes an "Error: ..." result (never a hang).
 
     ``run`` is this run's number (``held_claim``): each earlier run died with its worker.
     Once ``max_runs`` died, the call is answered with why instead of starting the tool
     again, which would kill this worker too.
+
+    A tool (or agent) this process lacks is never answered for while ``whereabouts`` says
+    another worker has it or may soon: the run returns ``NotHere`` without marking the
+    row, and the caller gives its claim back. Without ``whereabouts`` this process is all
+    there is, and the call is answered with an error at once.
 
     The row is marked ran once the work is done or found unnecessary, so the sweeper
     re-dispatches only rows whose task the broker lost before any worker ran it. The
@@ -111,7 +120,9 @@ def execute_outbox(
     if run > max_runs:
         outcome = _give_up(row, store, retrying, run - 1)
     else:
-        outcome = _run(row, store, agents, retrying, callback_url, crash)
+        outcome = _run(row, store, agents, retrying, callback_url, crash, whereabouts)
+    if isinstance(outcome, NotHere):
+        return outcome
     hand_in(f"outbox row {row.id}", lambda: store.mark_ran([row.id]), hand_in_timeout_s)
     return outcome if retrying.refused is None else Refused(retrying.refused)
 
@@ -224,21 +235,33 @@ def _run(
     sink: _RetryingSink,
     callback_url: Callable[[str, str], str],
     crash: Callable[[str], None],
+    whereabouts: Whereabouts | None,
 ) -> ToolOutcome:
     thread = store.thread(row.thread_id)
     call = store.call(row.thread_id, row.call_id)
     try:
         tool = agents.get_agent(thread.agent).tool(call.name)
     except UnknownAgent as error:
-        # A worker deployed without the thread's agent: the row is marked ran either way,
-        # so the call must get its one result here, or it would wait for ever.
         tool, missing = None, f"{error} in this worker"
     else:
         missing = f"tool {call.name!r} is not installed"
     ctx = ToolContext(row.thread_id, row.call_id, callback_url(row.thread_id, row.call_id), sink)
     if tool is None:
+        if whereabouts is not None:
+            where = whereabouts.locate(thread.agent, call.name, row.created_at)
+            if isinstance(where, Elsewhere):
+                return NotHere(where.why)
+            missing = where.why
+        # Gone from every worker: the row is marked ran, so the call gets its one result
+        # here (and a cancel hook that can no longer run is reported, not skipped).
         if row.action == "cancel":
-            return CancelHookRan(False, None)  # nothing left to cancel, nobody to answer
+            log.warning(
+                "cancel hook of call %s of thread %s not run: %s",
+                call.call_id,
+                row.thread_id,
+                missing,
+            )
+            return CancelHookRan(False, f"not run: {missing}")
         sink.tool_result(row.thread_id, row.call_id, f"Error: {missing}", is_error=True)
         return Raised(missing)
     if row.action == "cancel":
@@ -248,6 +271,9 @@ def _run(
     crash("in_tool")
     try:
         value = tool.invoke(call.args, ctx)
+    except InvalidToolArguments as error:  # a call stored under another signature
+        sink.tool_result(row.thread_id, row.call_id, f"Error: {error}", is_error=True)
+        return Raised(str(error))
     except Exception as error:
         log.warning(
             "tool %s failed for call %s of thread %s",

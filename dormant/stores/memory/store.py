@@ -53,6 +53,7 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
     TimerRow,
+    WorkerCard,
 )
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.memory import thread as stored
@@ -60,13 +61,14 @@ from dormant.stores.memory.blob import unpack_lines
 from dormant.stores.memory.closing import MemoryClosing
 from dormant.stores.memory.ledger import MemoryLedger, MemorySpending
 from dormant.stores.memory.retention import MemoryRetention, _waiting
+from dormant.stores.memory.roster import MemoryRoster
 from dormant.stores.memory.sweep import MemorySweep
 from dormant.stores.rawitem import item_line
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep):
+class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, MemoryRoster):
     """``Store`` in memory; thread-safe behind one lock."""
 
     def __init__(self, max_hot_threads: int = 256) -> None:
@@ -78,6 +80,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep):
         self._open: dict[str, dict[int, InboxRow]] = {}
         """Pending and deferred inbox rows by thread, in id order (ids only grow)."""
         self._outbox: dict[int, OutboxRow] = {}
+        self._cards: dict[str, WorkerCard] = {}
         self._timers: dict[int, TimerRow] = {}
         self._timer_heap: list[tuple[datetime, int]] = []
         self._timer_keys: set[tuple[str, str]] = set()

@@ -104,6 +104,14 @@ class MemorySweep:
             self._outbox[outbox_id] = replace(row, claimed_until=until, runs=row.runs + 1)
             return row.runs + 1
 
+    def unclaim_outbox(self, outbox_id: int) -> None:
+        with self._lock:
+            row = self._outbox.get(outbox_id)
+            if row is not None and row.runs > 0:
+                self._outbox[outbox_id] = replace(
+                    row, claimed_until=None, dispatched_at=None, runs=row.runs - 1
+                )
+
     def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
         with self._lock:
             row = self._outbox.get(outbox_id)

@@ -85,6 +85,16 @@ class SQLClaims:
             return run or 0
 
     @retry_busy
+    def unclaim_outbox(self, outbox_id: int) -> None:
+        outbox = self._schema.outbox
+        with self._tx(write=True) as conn:
+            conn.execute(
+                update(outbox)
+                .where(outbox.c.id == outbox_id, outbox.c.ran_at.is_(None), outbox.c.runs > 0)
+                .values(claimed_until=None, dispatched_at=None, runs=outbox.c.runs - 1)
+            )
+
+    @retry_busy
     def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
         """Extend the running task's claim (its heartbeat); False once the row ran."""
         outbox = self._schema.outbox

@@ -50,6 +50,7 @@ from dormant.stores.sql.items import ItemCache
 from dormant.stores.sql.ledger import usage_by_agent
 from dormant.stores.sql.prepared import prepared
 from dormant.stores.sql.retention import SQLRetention, check_room
+from dormant.stores.sql.roster import SQLRoster
 from dormant.stores.sql.rows import (
     SCHEMA_OPTION,
     call_record,
@@ -121,7 +122,7 @@ def upgrade(database_url: str, *, table_prefix: str = "") -> None:
 # The store ---------------------------------------------------------------------------
 
 
-class SQLStore(SQLRetention, SQLClaims):
+class SQLStore(SQLRetention, SQLClaims, SQLRoster):
     """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
 
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;

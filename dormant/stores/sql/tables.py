@@ -57,6 +57,7 @@ __all__ = [
     "ThreadColumns",
     "TimerColumns",
     "UTCDateTime",
+    "WorkerColumns",
     "metadata",
     "schema",
 ]
@@ -223,6 +224,17 @@ class LedgerColumns(SQLModel):
     cost_nanos: int = Field(default=0, sa_type=BigInteger)
 
 
+class WorkerColumns(SQLModel):
+    """A process that runs agents, as it last announced itself (``WorkerCard``)."""
+
+    id: str = Field(sa_type=String, primary_key=True)
+    host: str = Field(sa_type=String)
+    agents: dict[str, Any] = Field(default_factory=dict, sa_type=JSON)
+    """``{agent: {"version": str, "tools": [names]}}``."""
+    started_at: datetime = Field(sa_type=UTCDateTime)
+    seen_at: datetime = Field(sa_type=UTCDateTime)
+
+
 # The tables, per prefix ----------------------------------------------------------------
 
 
@@ -240,6 +252,7 @@ class Schema:
     timers: Table
     pruned_ids: Table
     ledger: Table
+    workers: Table
 
 
 @functools.cache
@@ -328,6 +341,7 @@ def schema(prefix: str = "") -> Schema:
             thread_fk(),
             Index(None, "at"),
         ),
+        workers=table(WorkerColumns, "workers"),
     )
 
 

@@ -1,0 +1,68 @@
+"""The SQL store's roster of workers (``workers``, migration 0011): one row a process that
+runs agents, replaced at each announcement."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import Connection, delete, select, update
+
+from dormant.stores.base import AgentCard, WorkerCard
+from dormant.stores.sql.engine import retry_busy
+from dormant.stores.sql.tables import Schema, as_utc
+
+__all__ = ["SQLRoster"]
+
+
+class SQLRoster:
+    """``WorkerRoster`` on ``SQLStore``'s tables; mixed into it (as ``SQLClaims`` is)."""
+
+    _schema: Schema
+
+    def _tx(
+        self, *, write: bool = False, snapshot: bool = False, direct: bool = False
+    ) -> AbstractContextManager[Connection]:
+        raise NotImplementedError
+
+    @retry_busy
+    def announce(self, card: WorkerCard, forget_before: datetime) -> None:
+        workers = self._schema.workers
+        values = _values(card)
+        with self._tx(write=True) as conn:
+            # An update first, an insert if there was nothing to update: the same on SQLite
+            # and PostgreSQL, and a worker is its own only writer.
+            found = conn.execute(
+                update(workers).where(workers.c.id == card.worker_id).values(values)
+            )
+            if not found.rowcount:
+                conn.execute(workers.insert().values(id=card.worker_id, **values))
+            conn.execute(delete(workers).where(workers.c.seen_at < as_utc(forget_before)))
+
+    @retry_busy
+    def roster(self) -> list[WorkerCard]:
+        workers = self._schema.workers
+        with self._tx() as conn:
+            rows = conn.execute(select(workers)).mappings().all()
+        return [_card(row) for row in rows]
+
+
+def _values(card: WorkerCard) -> dict[str, Any]:
+    agents = {
+        name: {"version": a.version, "tools": sorted(a.tools)} for name, a in card.agents.items()
+    }
+    return {
+        "host": card.host,
+        "agents": agents,
+        "started_at": card.started_at,
+        "seen_at": card.seen_at,
+    }
+
+
+def _card(row: Any) -> WorkerCard:
+    agents = {
+        name: AgentCard(str(a.get("version", "")), frozenset(a.get("tools", ())))
+        for name, a in (row["agents"] or {}).items()
+    }
+    return WorkerCard(row["id"], row["host"], agents, row["started_at"], row["seen_at"])
