@@ -459,3 +459,33 @@ def test_check_upgrade_reports_each_thing_new_code_could_not_run_in_the_open_thr
     fine = CliRunner().invoke(app, [*command, f"sqlite:///{tmp_path}/new.db"])
     assert fine.exit_code == 0, fine.output
     assert fine.output == "no problems found in the open threads\n"
+
+
+def test_dormant_retry_status_stalled_re_drives_every_stalled_thread_of_an_agent(
+    tmp_path: Path,
+) -> None:
+    """After a deploy brings back a missing agent, its stalled threads go on in one call."""
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    url = f"sqlite:///{tmp_path}/retry.db"
+    agents = [Agent(n, model=ScriptedModel(lambda _items: reply("ok"))) for n in ("ops", "x")]
+    with LocalSystem(agents, url) as system:
+        ops = [system.launch("ops", f"deploy {n}") for n in range(3)]
+        other = system.launch("x", "stay stalled")
+        system.run_until_idle()
+        for thread_id in [*ops, other]:
+            system.store.record_failure(thread_id, "agent 'ops' is not deployed", stall_after=1)
+
+    done = CliRunner().invoke(
+        app, ["retry", "--status", "stalled", "--agent", "ops", "--database-url", url]
+    )
+
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines()[-1] == "3 stalled thread(s) re-driven of agent ops"
+    with LocalSystem(agents, url) as system:
+        assert {system.thread(t).status for t in ops} == {ThreadStatus.IDLE}
+        assert system.thread(other).status is ThreadStatus.STALLED
+    both = CliRunner().invoke(app, ["retry", ops[0], "--status", "stalled", "--database-url", url])
+    assert both.exit_code == 2 and "not both" in both.output
