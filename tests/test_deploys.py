@@ -399,6 +399,8 @@ def test_dormant_versions_shows_each_agent_version_its_open_threads_and_live_wor
         second = new.launch("triage", "scan the api")
         new.run_until_idle()
         assert (new.thread(first).code_version, new.thread(second).code_version) == ("v1", "v2")
+        shown = CliRunner().invoke(app, ["show", second, "--json", "--database-url", url])
+        assert json.loads(shown.output)["thread"]["code_version"] == "v2"
         shown = CliRunner().invoke(app, ["versions", "--database-url", url, "--json"])
         table = CliRunner().invoke(app, ["versions", "--database-url", url], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
