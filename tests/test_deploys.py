@@ -381,7 +381,7 @@ def test_a_local_system_whose_agent_is_gone_stalls_its_threads_saying_so(tmp_pat
     assert "agent 'ops' is not deployed on any live worker (last seen" in failed.error
 
 
-def test_dormant_versions_shows_each_agent_version_and_the_live_workers_that_run_it(
+def test_dormant_versions_shows_each_agent_version_its_open_threads_and_live_workers(
     tmp_path: Path,
 ) -> None:
     from typer.testing import CliRunner
@@ -389,17 +389,26 @@ def test_dormant_versions_shows_each_agent_version_and_the_live_workers_that_run
     from dormant.cli import app
 
     url = f"sqlite:///{tmp_path}/versions.db"
-    with LocalSystem([_agent(status, version="v1")], url) as old:
+    triage_v1 = Agent("triage", model=ScriptedModel(lambda _: reply("v1")), version="v1")
+    with LocalSystem([triage_v1], url) as old:
         old_id = old.whereabouts.card.worker_id  # type: ignore[union-attr]
+        first = old.launch("triage", "hello")
+        old.run_until_idle()
     with LocalSystem([_agent(status, scan, version="v2")], url) as new:
         new_id = new.whereabouts.card.worker_id  # type: ignore[union-attr]
+        second = new.launch("triage", "scan the api")
+        new.run_until_idle()
+        assert (new.thread(first).code_version, new.thread(second).code_version) == ("v1", "v2")
+        shown = CliRunner().invoke(app, ["show", second, "--json", "--database-url", url])
+        assert json.loads(shown.output)["thread"]["code_version"] == "v2"
         shown = CliRunner().invoke(app, ["versions", "--database-url", url, "--json"])
-        table = CliRunner().invoke(app, ["versions", "--database-url", url])
+        table = CliRunner().invoke(app, ["versions", "--database-url", url], env={"COLUMNS": "200"})
     assert shown.exit_code == 0, shown.output
     records = {(r["agent"], r["version"]): r for r in json.loads(shown.output)}
     assert set(records) == {("triage", "v1"), ("triage", "v2")}
     assert records["triage", "v2"]["tools"] == ["scan", "status"]
-    assert records["triage", "v1"]["tools"] == ["status"]
+    assert records["triage", "v1"]["tools"] == []
+    assert records["triage", "v1"]["open_threads"] == records["triage", "v2"]["open_threads"] == 1
     assert records["triage", "v2"]["live_workers"] == [new_id]
     assert records["triage", "v1"]["live_workers"] == [], f"{old_id} closed: v1 is drained"
     assert table.exit_code == 0 and "v2" in table.output and "none: drained" in table.output
@@ -459,3 +468,33 @@ def test_check_upgrade_reports_each_thing_new_code_could_not_run_in_the_open_thr
     fine = CliRunner().invoke(app, [*command, f"sqlite:///{tmp_path}/new.db"])
     assert fine.exit_code == 0, fine.output
     assert fine.output == "no problems found in the open threads\n"
+
+
+def test_dormant_retry_status_stalled_re_drives_every_stalled_thread_of_an_agent(
+    tmp_path: Path,
+) -> None:
+    """After a deploy brings back a missing agent, its stalled threads go on in one call."""
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    url = f"sqlite:///{tmp_path}/retry.db"
+    agents = [Agent(n, model=ScriptedModel(lambda _items: reply("ok"))) for n in ("ops", "x")]
+    with LocalSystem(agents, url) as system:
+        ops = [system.launch("ops", f"deploy {n}") for n in range(3)]
+        other = system.launch("x", "stay stalled")
+        system.run_until_idle()
+        for thread_id in [*ops, other]:
+            system.store.record_failure(thread_id, "agent 'ops' is not deployed", stall_after=1)
+
+    done = CliRunner().invoke(
+        app, ["retry", "--status", "stalled", "--agent", "ops", "--database-url", url]
+    )
+
+    assert done.exit_code == 0, done.output
+    assert done.output.splitlines()[-1] == "3 stalled thread(s) re-driven of agent ops"
+    with LocalSystem(agents, url) as system:
+        assert {system.thread(t).status for t in ops} == {ThreadStatus.IDLE}
+        assert system.thread(other).status is ThreadStatus.STALLED
+    both = CliRunner().invoke(app, ["retry", ops[0], "--status", "stalled", "--database-url", url])
+    assert both.exit_code == 2 and "not both" in both.output

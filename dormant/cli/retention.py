@@ -15,7 +15,9 @@ import typer
 from dormant.cli.errors import say
 
 if TYPE_CHECKING:
-    from dormant.stores.base import PruneCounts
+    from collections.abc import Iterator
+
+    from dormant.stores.base import PruneCounts, Store
 
 __all__ = ["prune", "quarantine", "retry"]
 
@@ -50,36 +52,74 @@ def quarantine(
 
 
 def retry(
-    thread_id: str,
+    thread_id: str | None = typer.Argument(
+        None, help="The thread to re-drive (or --status for every stalled thread)."
+    ),
     message_id: str | None = typer.Argument(
         None, help="Only this quarantined message (default: all of the thread's)."
     ),
+    status: str | None = typer.Option(
+        None, "--status", help="Instead of THREAD: every thread with this status ('stalled')."
+    ),
+    agent: str | None = typer.Option(None, "--agent", help="With --status: only this agent's."),
     database_url: str | None = DatabaseOption,
 ) -> None:
     """Re-drive a thread: un-stall it and requeue its quarantined messages.
 
     The next sweep applies them, after any input the thread processed meanwhile.
+    `dormant retry --status stalled [--agent A]` re-drives every stalled thread (after a
+    deploy that brings back a missing agent, say), one line each.
     """
     from dormant.cli.connect import open_store
+
+    if (thread_id is None) == (status is None):
+        raise typer.BadParameter("give a THREAD or --status stalled, not both", param_hint="THREAD")
+    if status is not None and status != "stalled":
+        why = f"{status!r}: only 'stalled' threads are re-driven in bulk"
+        raise typer.BadParameter(why, param_hint="--status")
+    if agent is not None and status is None:
+        raise typer.BadParameter("--agent goes with --status", param_hint="--agent")
+    with closing(open_store(database_url)) as store:
+        if thread_id is not None:
+            _retry_one(store, thread_id, message_id)
+            return
+        count = 0
+        for stalled in _stalled(store, agent):
+            _retry_one(store, stalled, None)
+            count += 1
+    typer.echo(f"{count} stalled thread(s) re-driven" + (f" of agent {agent}" if agent else ""))
+
+
+def _stalled(store: Store, agent: str | None) -> Iterator[str]:
+    """The ids of the stalled threads (of ``agent``), page by page (keyset paging: a
+    page re-driven does not move the next)."""
+    from dormant.stores.base import ThreadStatus
+
+    before: tuple[datetime, str] | None = None
+    while page := store.threads(ThreadStatus.STALLED, 500, agent=agent, before=before):
+        yield from (t.id for t in page)
+        before = (page[-1].created_at, page[-1].id)
+
+
+def _retry_one(store: Store, thread_id: str, message_id: str | None) -> None:
     from dormant.errors import UnknownMessage
     from dormant.runtime.history import pending
     from dormant.stores.base import ThreadStatus
 
-    with closing(open_store(database_url)) as store:
-        released = store.release_quarantined(thread_id, message_id)
-        if message_id is not None and not released:
-            raise UnknownMessage(thread_id, message_id)
-        snap = store.load(thread_id)
-        status = snap.thread.status
-        if status is ThreadStatus.STALLED:
-            status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
-            store.set_status(thread_id, status)
-        elif not released:
-            say(
-                f"error: thread {thread_id!r} is {status.value}, not stalled, and has no "
-                "quarantined messages"
-            )
-            raise typer.Exit(1)
+    released = store.release_quarantined(thread_id, message_id)
+    if message_id is not None and not released:
+        raise UnknownMessage(thread_id, message_id)
+    snap = store.load(thread_id)
+    status = snap.thread.status
+    if status is ThreadStatus.STALLED:
+        status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
+        store.set_status(thread_id, status)
+    elif not released:
+        say(
+            f"error: thread {thread_id!r} is {status.value}, not stalled, and has no "
+            "quarantined messages"
+        )
+        raise typer.Exit(1)
     for row in released:
         typer.echo(f"message {row.message_id} is queued again")
     typer.echo(f"thread {thread_id} is {status.value}; the sweeper re-drives it")

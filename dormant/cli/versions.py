@@ -36,18 +36,37 @@ def versions(
     live_s = 3 * Settings.from_env().announce_interval_s
     with closing(open_store(database_url)) as store:
         records = version_records(store.roster(), datetime.now(UTC), live_s)
+        records = with_thread_counts(records, store.open_threads_by_version())
     if as_json:
         typer.echo(json.dumps(records, indent=2))
         return
     if not records:
         typer.echo("no worker has announced itself yet (workers announce when they start)")
         return
-    table = Table("agent", "version", "live workers", "last seen (UTC)", "tools")
+    table = Table("agent", "version", "open threads", "live workers", "last seen (UTC)", "tools")
     for r in records:
         live = ", ".join(r["live_workers"]) or "none: drained"
+        seen = r["last_seen"][:19] if r["last_seen"] else "-"
         tools = ", ".join(r["tools"])
-        table.add_row(r["agent"], r["version"], live, r["last_seen"][:19], tools)
+        table.add_row(r["agent"], r["version"] or "-", str(r["open_threads"]), live, seen, tools)
     Console().print(table)
+
+
+def with_thread_counts(
+    records: list[dict[str, Any]], counts: dict[tuple[str, str], int]
+) -> list[dict[str, Any]]:
+    """``records`` with each version's open threads (last run by it), and a record for
+    versions that threads name and no worker announced (a version ``-`` is a thread no
+    slice ran yet)."""
+    known = {(r["agent"], r["version"]) for r in records}
+    extra = [
+        {"agent": a, "version": v, "live_workers": [], "tools": [], "last_seen": ""}
+        for a, v in sorted(counts)
+        if (a, v) not in known
+    ]
+    return [
+        {**r, "open_threads": counts.get((r["agent"], r["version"]), 0)} for r in records + extra
+    ]
 
 
 def version_records(roster: list[Any], now: datetime, live_s: float) -> list[dict[str, Any]]:

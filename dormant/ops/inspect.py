@@ -128,6 +128,7 @@ def thread_record(store: Store, info: ThreadInfo) -> dict[str, Any]:
         "last_error": info.last_error,
         "closed_reason": info.closed_reason,
         "version": info.version,
+        "code_version": info.code_version,
         "created_at": info.created_at.isoformat(),
         "updated_at": info.updated_at.isoformat(),
         "metadata": info.metadata,

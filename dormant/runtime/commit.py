@@ -98,6 +98,7 @@ class SliceCommit:
             usage=turn.usage,
             spend=turn.meter.spend if turn.meter else None,
             message_completions=turn.meter.message_completions if turn.meter else None,
+            code_version=turn.code_version,
         )
         self._check_deadline()
         deps.crash("before_commit")

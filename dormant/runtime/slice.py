@@ -247,7 +247,7 @@ class _Slice(SliceWatch, SliceCommit):
             return self._failed(snap.thread.failures, where.why, stall_after=1), None
         self.steering = agent.steering == "interrupt"
         applied = apply_inbox(snap.thread, snap.calls, snap.inbox)
-        turn = Turn(snap.next_seq)
+        turn = Turn(snap.next_seq, code_version=agent.fingerprint)
         for message_id, item in applied.items:
             turn.add(message_id, item)
         for spawn in applied.spawns:

@@ -25,6 +25,8 @@ class Turn:
     closing: bool = False
     meter: Meter | None = None
     """Set when the slice calls its model: what it spent, against the budget."""
+    code_version: str = ""
+    """The version of the agent that ran the slice (``Agent.fingerprint``)."""
 
     @property
     def free_seq(self) -> int:

@@ -285,6 +285,10 @@ class WorkerRoster(Protocol):
         """Every card stored, live or not (``seen_at`` tells)."""
         ...
 
+    def open_threads_by_version(self) -> dict[tuple[str, str], int]:
+        """How many threads that are not closed each (agent, ``code_version``) has."""
+        ...
+
 
 class Store(SliceStore, InboxStore, QueryStore, SweepStore, WorkerRoster, Protocol):
     """Everything a backend provides."""

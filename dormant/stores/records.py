@@ -152,6 +152,10 @@ class ThreadInfo:
     add theirs here); 0 on other threads."""
     tree_cost: float = 0.0
     """On a root: what its whole tree's completions cost."""
+    code_version: str = ""
+    """The version of the agent that ran the thread's last committed slice
+    (``Agent.fingerprint``); empty before its first. ``dormant versions`` counts open
+    threads by it: a deploy's old version is drained when none is left on it."""
     message_completions: int = 0
     """The thread's own completions since the last user text it applied (``retry``
     resets it): what ``Budget.max_completions_per_message`` bounds."""
@@ -319,6 +323,9 @@ class Commit:
     """What the slice's model calls used: a ledger row, added to the root's tree totals."""
     message_completions: int | None = None
     """The thread's new count of completions since its last user text (with ``spend``)."""
+    code_version: str = ""
+    """The version of the agent the slice ran (``ThreadInfo.code_version``); empty keeps
+    the thread's (a close, a compaction summary kept alone)."""
 
 
 @dataclass(frozen=True)

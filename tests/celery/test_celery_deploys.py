@@ -1,8 +1,9 @@
 """A rolling deploy on real workers: old and new code on the same queues.
 
-The old worker lacks the new tool ``scan`` and the new agent ``ops``. Every tool task and
-slice it takes for them is left for the new worker (``runtime/whereabouts.py``): no call is
-answered "not installed", no thread stalls, every call gets its one result.
+The old worker lacks the new tool ``scan`` and the new agent ``ops``. Threads of ``ops``
+launched before any new worker is up wait for it, unconsumed; then every tool task and
+slice the old worker takes for them is left for the new worker (``runtime/whereabouts.py``):
+no call is answered "not installed", no thread stalls, every call gets its one result.
 """
 
 from __future__ import annotations
@@ -25,13 +26,26 @@ def test_a_rolling_deploy_answers_no_call_for_code_a_worker_lacks(
     d = deploy(DORMANT_AGENTS="deploy_new_agents", DORMANT_ANNOUNCE_INTERVAL_S="1")
     monkeypatch.setenv("TEST_CELERY_LOGLEVEL", "info")  # the old worker's task results
     old = d.start_worker("old", concurrency=4, env={"DORMANT_AGENTS": "deploy_old_agents"})
-    new = d.start_worker("new", concurrency=4)
     d.start_beat()
-    d.wait_ready(old, new)
+    d.wait_ready(old)
     client = d.client()
+    # The web app is deployed first: it launches the new agent before any new worker is up.
+    early = [client.launch("ops", f"deploy early {n}") for n in range(4)]
+    wait_until(
+        lambda: old.log().count("left for another worker") >= 8,
+        scaled(60),
+        "the old worker to leave the new agent's slices",
+        check=d.check_alive,
+    )
+    for thread_id in early:
+        info = client.thread(thread_id)
+        assert info.failures == 0 and info.status is not ThreadStatus.STALLED
+        assert client.history(thread_id) == [], "nothing consumed while no worker has 'ops'"
 
+    new = d.start_worker("new", concurrency=4)
+    d.wait_ready(new)
     triage = [client.launch("triage", f"scan the api ({n})") for n in range(THREADS)]
-    ops = [client.launch("ops", f"deploy {n}") for n in range(THREADS)]
+    ops = early + [client.launch("ops", f"deploy {n}") for n in range(THREADS)]
 
     def answered(thread_id: str) -> bool:
         history = client.history(thread_id)

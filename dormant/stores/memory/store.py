@@ -270,6 +270,8 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
                 changes["usage"] = commit.usage
             if commit.closed_reason:
                 changes["closed_reason"] = commit.closed_reason
+            if commit.code_version:
+                changes["code_version"] = commit.code_version
             if commit.spend is not None:
                 changes["message_completions"] = commit.message_completions or 0
                 self._add_spend(info, commit.spend, now, changes)

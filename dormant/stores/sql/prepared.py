@@ -84,6 +84,10 @@ class Prepared:
             "last_error": "",
             "retry_at": None,
             "updated_at": bindparam("now", type_=threads.c.updated_at.type),
+            "code_version": case(
+                (bindparam("b_code_version") == "", threads.c.code_version),
+                else_=bindparam("b_code_version"),
+            ),
         }
         guard = and_(threads.c.id == bindparam("thread_id"), threads.c.version == bindparam("v"))
         self.advance_thread: Update = update(threads).where(guard).values(advance)

@@ -7,9 +7,9 @@ from contextlib import AbstractContextManager
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Connection, delete, select, update
+from sqlalchemy import Connection, delete, func, select, update
 
-from dormant.stores.base import AgentCard, WorkerCard
+from dormant.stores.base import AgentCard, ThreadStatus, WorkerCard
 from dormant.stores.sql.engine import retry_busy
 from dormant.stores.sql.tables import Schema, as_utc
 
@@ -46,6 +46,17 @@ class SQLRoster:
         with self._tx() as conn:
             rows = conn.execute(select(workers)).mappings().all()
         return [_card(row) for row in rows]
+
+    @retry_busy
+    def open_threads_by_version(self) -> dict[tuple[str, str], int]:
+        threads = self._schema.threads
+        query = (
+            select(threads.c.agent, threads.c.code_version, func.count())
+            .where(threads.c.status != ThreadStatus.CLOSED.value)
+            .group_by(threads.c.agent, threads.c.code_version)
+        )
+        with self._tx() as conn:
+            return {(agent, version): n for agent, version, n in conn.execute(query)}
 
 
 def _values(card: WorkerCard) -> dict[str, Any]:

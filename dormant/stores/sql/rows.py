@@ -105,6 +105,7 @@ def thread_values(thread: NewThread, now: datetime) -> dict[str, Any]:
         "tree_tokens": 0,
         "tree_cost_nanos": 0,
         "message_completions": 0,
+        "code_version": "",
     }
 
 
@@ -142,6 +143,7 @@ def thread_info(row: Row) -> ThreadInfo:
         tree_tokens=row["tree_tokens"],
         tree_cost=from_nanos(row["tree_cost_nanos"]),
         message_completions=row["message_completions"],
+        code_version=row["code_version"],
     )
 
 

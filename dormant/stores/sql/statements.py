@@ -245,6 +245,7 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
         "v": commit.version,
         "b_status": commit.status.value,
         "b_inbox_seen": commit.inbox_seen,
+        "b_code_version": commit.code_version,
         "now": now,
     }
     stmt = ready.advance_thread

@@ -131,6 +131,8 @@ class ThreadColumns(SQLModel):
     tree_cost_nanos: int = Field(default=0, sa_type=BigInteger)
     """Costs are kept in billionths (exact sums; a completion costs fractions of a cent)."""
     message_completions: int = Field(default=0, sa_type=Integer)
+    code_version: str = Field(default="", sa_type=String)
+    """The version of the agent that ran the last slice (migration 0011)."""
 
 
 class ItemColumns(SQLModel):

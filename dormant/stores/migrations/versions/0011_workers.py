@@ -1,4 +1,5 @@
-"""The roster of workers: each process that runs agents announces its agents and tools.
+"""The roster of workers (each process that runs agents announces its agents, tools and
+versions) and each thread's ``code_version`` (the agent version of its last slice).
 
 A worker that lacks a thread's agent or a call's tool (a rolling deploy's old or new code)
 asks the roster whether a live worker has it before it answers for it
@@ -27,6 +28,11 @@ def _t(name: str) -> str:
 
 
 def upgrade() -> None:
+    # A plain ALTER TABLE on both dialects: instant, where a batch copy of the threads
+    # table would rewrite it (and SQLite's foreign keys refuse its DROP TABLE).
+    op.add_column(
+        _t("threads"), sa.Column("code_version", sa.String(), server_default="", nullable=False)
+    )
     op.create_table(
         _t("workers"),
         sa.Column("id", sa.String(), nullable=False),
@@ -40,3 +46,4 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table(_t("workers"))
+    op.drop_column(_t("threads"), "code_version")  # SQLite 3.35+: ALTER TABLE DROP COLUMN
