@@ -170,18 +170,18 @@ def test_a_post_from_another_origin_is_refused_even_with_the_token(system: Local
         ("127.0.0.1", "127.0.0.1", {"forwarded": "for=203.0.113.7"}, False),
     ],
 )
-def test_without_a_token_only_a_local_server_and_peer_get_in(
+def test_without_a_token_only_a_local_bind_and_peer_get_in(
     system: LocalSystem, server: str, client: str, headers: dict[str, str], allowed: bool
 ) -> None:
-    dashboard = Dashboard(system, gate=TokenGate(""))
-    request = UIRequest("GET", "", ROOT, headers=headers, server_host=server, client_host=client)
+    dashboard = Dashboard(system, gate=TokenGate("", bind_host=server))
+    request = UIRequest("GET", "", ROOT, headers=headers, client_host=client)
 
     assert (dashboard.handle(request).status == 200) is allowed
 
 
 def test_with_a_token_a_browser_logs_in_and_a_script_sends_it(system: LocalSystem) -> None:
-    dashboard = Dashboard(system, gate=TokenGate("s3cret"))
-    public = {"server_host": "0.0.0.0", "client_host": "203.0.113.7"}
+    dashboard = Dashboard(system, gate=TokenGate("s3cret", bind_host="0.0.0.0"))
+    public = {"client_host": "203.0.113.7"}
 
     anonymous = dashboard.handle(UIRequest("GET", "", ROOT, **public))
     login_page = dashboard.handle(UIRequest("GET", "login", ROOT, **public))
@@ -276,9 +276,9 @@ def test_dormant_serves_dashboard_takes_its_token_and_actions_from_the_environme
 
     env = {"DORMANT_UI_TOKEN": "t0ken", "DORMANT_UI_ACTIONS": "1", "DORMANT_SECRET_KEY": "k"}
     with LocalSystem([], "memory://", settings=Settings.from_env(env)) as configured:
-        board = serve_dashboard(configured)
+        board = serve_dashboard(configured, "0.0.0.0")
     with LocalSystem([], "memory://", settings=Settings.from_env({})) as plain:
-        default = serve_dashboard(plain)
+        default = serve_dashboard(plain, "127.0.0.1")
 
     assert board.gate is not None and board.gate.token == "t0ken" and board.actions
     assert default.gate is not None and default.gate.token == "" and not default.actions

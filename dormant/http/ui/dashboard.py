@@ -48,7 +48,6 @@ class UIRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     """Lower-case names."""
     secure: bool = False
-    server_host: str | None = None
     client_host: str | None = None
     fresh_csrf: bool = False
     """Set by ``Dashboard``: the CSRF cookie was made for this response, which sets it."""
@@ -99,7 +98,7 @@ class Dashboard:
         if path == "login":
             return self._login(request)
         if self.gate is not None and not self.gate.allows(
-            request.cookies, request.headers, request.server_host, request.client_host
+            request.cookies, request.headers, request.client_host
         ):
             if self.gate.token:
                 return _redirect(request.root + "login")
