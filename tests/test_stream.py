@@ -125,6 +125,32 @@ def test_an_idle_stream_ends_after_its_timeout_and_bad_input_is_refused() -> Non
             list(system.stream("thr_nobody", timeout_s=0.1))
 
 
+def test_a_well_formed_id_no_stream_gave_out_is_refused_at_once() -> None:
+    with _memory(Streamer(words=3)) as system:
+        thread_id = system.launch("streamer", "hello")
+        system.run_until_idle()
+        given = [e.id for e in system.stream(thread_id, timeout_s=0.2)]
+        boundary = parse_id(given[-1])[0]
+        live = format_id(boundary, 1_700_000_000_000_000)  # a live event's: a clock in us
+        resumed = [list(system.stream(thread_id, eid, timeout_s=0.2)) for eid in given]
+        after_live = list(system.stream(thread_id, live, timeout_s=0.2))
+        made_up = ["999999.0", "57.123", f"{boundary}.5", "0.0", f"1.{CLOSED_N + 1}"]
+        for event_id in made_up:
+            with pytest.raises(InvalidStreamId):
+                system.stream(thread_id, event_id, timeout_s=0.1)  # at the call, not later
+            with pytest.raises(InvalidStreamId):
+                sse_response(system, thread_id, event_id)
+
+        async def first_async_step() -> None:
+            async for _ in system.astream(thread_id, "999999.0", timeout_s=0.1):
+                pass
+
+        with pytest.raises(InvalidStreamId):
+            asyncio.run(first_async_step())
+    assert [len(events) for events in resumed] == [1, 0]
+    assert {e.type for e in after_live} <= {"retry"}  # accepted: mid-turn, text may be lost
+
+
 def test_closing_a_thread_mid_answer_says_retry_then_closed() -> None:
     model = Streamer(words=400, pause_s=0.005)
     with _memory(model) as system:
