@@ -67,6 +67,36 @@ def test_flask_shows_the_dashboard_to_whom_allow_admits_and_runs_its_actions(
     assert web.get(f"/ops/dormant/thread/events?id={thread_id}").status_code == 403
 
 
+class _Anonymous:
+    """What flask-login's ``current_user`` is before a login: it has no ``is_admin``."""
+
+
+class _Admin:
+    is_admin = True
+
+
+def test_a_flask_allow_that_raises_denies_with_403_and_is_logged(
+    system: LocalSystem, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = Flask(__name__)
+    users = {"admin": _Admin()}
+
+    def current_user() -> object:
+        return users.get(request.headers.get("X-User", ""), _Anonymous())
+
+    allow = lambda: current_user().is_admin  # type: ignore[attr-defined]  # noqa: E731
+    app.register_blueprint(flask_blueprint(lambda: system, allow=allow), url_prefix="/ops")
+    web = app.test_client()
+
+    with caplog.at_level("WARNING", logger="dormant.ui"):
+        anonymous = web.get("/ops/")
+    admin = web.get("/ops/", headers={"X-User": "admin"})
+
+    assert anonymous.status_code == 403
+    assert admin.status_code == 200
+    assert "AttributeError" in caplog.text and "denied" in caplog.text
+
+
 def test_a_flask_mount_shows_a_live_answer_token_by_token_in_a_browser() -> None:
     slow = SimulatedModel(completion_chars=200, chunk_chars=5, chunk_delay_s=0.08)
     with LocalSystem([Agent("writer", model=slow)], "memory://") as system:
