@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Iterator, Sequence
 from urllib.parse import parse_qs, urlsplit
@@ -295,3 +296,34 @@ def test_a_thread_page_shows_what_it_spent_and_its_trees_budget(system: LocalSys
     assert "<dt>completions</dt><dd>2</dd>" in usage
     assert "<dt>since user text</dt><dd>1 completions</dd>" in usage
     assert "max_tokens 1000" in usage
+
+
+def test_thread_state_gives_the_live_view_what_the_store_made_of_the_thread(
+    system: LocalSystem,
+) -> None:
+    from dormant.demo import TRIAGE
+    from dormant.messages import UserMessage
+    from dormant.stores.base import NewThread, Priority
+
+    with LocalSystem([TRIAGE], "memory://") as triage:
+        waiting = triage.launch("triage", "Is build 42 green yet?")
+        triage.run_until_idle()
+        state = json.loads(get(Dashboard(triage), "thread/state", id=waiting).body)
+    queued = NewThread(
+        id="thr_queued",
+        agent="echo",
+        messages=[("m1", UserMessage(text="are you there?"), Priority.INTERACTIVE)],
+    )
+    system.store.create_thread(queued)  # stored, never woken: its message waits
+    inbox = json.loads(get(Dashboard(system), "thread/state", id="thr_queued").body)
+    guarded = Dashboard(system, gate=TokenGate("s3cret")).handle(
+        UIRequest("GET", "thread/state", ROOT, query={"id": "thr_queued"})
+    )
+    unknown = get(Dashboard(system), "thread/state", id="thr_nobody")
+
+    assert state["status"] == "waiting" and 'class="badge s-waiting"' in state["facts"]
+    assert sorted(state["calls"].values()) == ["pending", "subscribed"]
+    assert "<h3>Waiting for</h3>" in state["side"] and state["queued"] == ""
+    assert 'class="bubble user queued"' in inbox["queued"]
+    assert "are you there?" in inbox["queued"]
+    assert guarded.status == 303 and unknown.status == 404
