@@ -155,7 +155,14 @@ from dormant.contrib.dashboard import django_view
 from dormant.models import ScriptedModel, SimulatedModel, reply
 
 system = LocalSystem([Agent("echo", model=ScriptedModel(lambda items: reply("hi")))], "memory://")
-urlpatterns = [re_path(r"^dormant/ui/(?P<path>.*)$", django_view(lambda: system, actions=True))]
+def broken_allow(request):
+    return request.user.profile.is_admin  # no profile model: AttributeError
+
+
+urlpatterns = [
+    re_path(r"^dormant/ui/(?P<path>.*)$", django_view(lambda: system, actions=True)),
+    re_path(r"^broken/(?P<path>.*)$", django_view(lambda: system, allow=broken_allow)),
+]
 call_command("migrate", verbosity=0)
 thread_id = system.launch("echo", "hello", thread_id="thr_django")
 system.run_until_idle()
@@ -168,6 +175,7 @@ print("clerk", web.get("/dormant/ui/").status_code)
 web.force_login(User.objects.create_user("ops", password="x", is_staff=True))
 listing = web.get("/dormant/ui/")
 print("staff", listing.status_code, 'data-thread="thr_django"' in listing.content.decode())
+print("raising allow", web.get("/broken/").status_code)
 page = web.get("/dormant/ui/thread", {"id": thread_id}).content.decode()
 token = re.findall(r'name="csrf" value="([0-9a-f]+)"', page)[0]
 form = {"id": thread_id, "csrf": token, "reason": "from django"}
@@ -192,6 +200,7 @@ def test_django_shows_the_dashboard_to_staff_and_checks_its_own_csrf(tmp_path: P
         "anonymous 302 /login/?next=/dormant/ui/",
         "clerk 403",
         "staff 200 True",
+        "raising allow 403",
         "forged 403",
         "closed 303 closed",
         "events text/event-stream; charset=utf-8 True True",
