@@ -353,17 +353,24 @@ class BaseClient(ABC):
     ) -> Iterator[StreamEvent]:
         """Every event of the thread from the start (or after the event id ``after``):
         committed items, live text, dispatches, status changes; it ends after ``closed``,
-        or once ``timeout_s`` passes with nothing new. See docs/streaming.md."""
-        return stream(self.stream_reader(thread_id, after), timeout_s)
+        or once ``timeout_s`` passes with nothing new. See docs/streaming.md.
+
+        Raises ``UnknownThread``, and ``InvalidStreamId`` for an ``after`` no stream of the
+        thread gave out, here rather than while iterating."""
+        reader = self.stream_reader(thread_id, after)
+        reader.check()
+        return stream(reader, timeout_s)
 
     def astream(
         self, thread_id: str, after: str | None = None, *, timeout_s: float | None = None
     ) -> AsyncIterator[StreamEvent]:
-        """``stream`` for an event loop (ASGI apps): waiting holds no thread."""
+        """``stream`` for an event loop (ASGI apps): waiting holds no thread. Its first
+        step raises what ``stream`` raises at once (the check reads the store)."""
         return astream(self.stream_reader(thread_id, after), timeout_s)
 
     def stream_reader(self, thread_id: str, after: str | None = None) -> StreamReader:
-        """A reader's place in the thread's stream (what ``stream`` and SSE poll)."""
+        """A reader's place in the thread's stream (what ``stream`` and SSE poll); its
+        ``check`` refuses an ``after`` no stream gave out, else its first poll does."""
         if self.live is None:
             raise ConfigurationError("this client has no live log to stream from")
         return StreamReader(thread_id, self.store, self.live, after)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import html
+import json
 import re
 from collections.abc import Iterator, Sequence
 from urllib.parse import parse_qs, urlsplit
@@ -170,18 +171,18 @@ def test_a_post_from_another_origin_is_refused_even_with_the_token(system: Local
         ("127.0.0.1", "127.0.0.1", {"forwarded": "for=203.0.113.7"}, False),
     ],
 )
-def test_without_a_token_only_a_local_server_and_peer_get_in(
+def test_without_a_token_only_a_local_bind_and_peer_get_in(
     system: LocalSystem, server: str, client: str, headers: dict[str, str], allowed: bool
 ) -> None:
-    dashboard = Dashboard(system, gate=TokenGate(""))
-    request = UIRequest("GET", "", ROOT, headers=headers, server_host=server, client_host=client)
+    dashboard = Dashboard(system, gate=TokenGate("", bind_host=server))
+    request = UIRequest("GET", "", ROOT, headers=headers, client_host=client)
 
     assert (dashboard.handle(request).status == 200) is allowed
 
 
 def test_with_a_token_a_browser_logs_in_and_a_script_sends_it(system: LocalSystem) -> None:
-    dashboard = Dashboard(system, gate=TokenGate("s3cret"))
-    public = {"server_host": "0.0.0.0", "client_host": "203.0.113.7"}
+    dashboard = Dashboard(system, gate=TokenGate("s3cret", bind_host="0.0.0.0"))
+    public = {"client_host": "203.0.113.7"}
 
     anonymous = dashboard.handle(UIRequest("GET", "", ROOT, **public))
     login_page = dashboard.handle(UIRequest("GET", "login", ROOT, **public))
@@ -276,9 +277,9 @@ def test_dormant_serves_dashboard_takes_its_token_and_actions_from_the_environme
 
     env = {"DORMANT_UI_TOKEN": "t0ken", "DORMANT_UI_ACTIONS": "1", "DORMANT_SECRET_KEY": "k"}
     with LocalSystem([], "memory://", settings=Settings.from_env(env)) as configured:
-        board = serve_dashboard(configured)
+        board = serve_dashboard(configured, "0.0.0.0")
     with LocalSystem([], "memory://", settings=Settings.from_env({})) as plain:
-        default = serve_dashboard(plain)
+        default = serve_dashboard(plain, "127.0.0.1")
 
     assert board.gate is not None and board.gate.token == "t0ken" and board.actions
     assert default.gate is not None and default.gate.token == "" and not default.actions
@@ -295,3 +296,34 @@ def test_a_thread_page_shows_what_it_spent_and_its_trees_budget(system: LocalSys
     assert "<dt>completions</dt><dd>2</dd>" in usage
     assert "<dt>since user text</dt><dd>1 completions</dd>" in usage
     assert "max_tokens 1000" in usage
+
+
+def test_thread_state_gives_the_live_view_what_the_store_made_of_the_thread(
+    system: LocalSystem,
+) -> None:
+    from dormant.demo import TRIAGE
+    from dormant.messages import UserMessage
+    from dormant.stores.base import NewThread, Priority
+
+    with LocalSystem([TRIAGE], "memory://") as triage:
+        waiting = triage.launch("triage", "Is build 42 green yet?")
+        triage.run_until_idle()
+        state = json.loads(get(Dashboard(triage), "thread/state", id=waiting).body)
+    queued = NewThread(
+        id="thr_queued",
+        agent="echo",
+        messages=[("m1", UserMessage(text="are you there?"), Priority.INTERACTIVE)],
+    )
+    system.store.create_thread(queued)  # stored, never woken: its message waits
+    inbox = json.loads(get(Dashboard(system), "thread/state", id="thr_queued").body)
+    guarded = Dashboard(system, gate=TokenGate("s3cret")).handle(
+        UIRequest("GET", "thread/state", ROOT, query={"id": "thr_queued"})
+    )
+    unknown = get(Dashboard(system), "thread/state", id="thr_nobody")
+
+    assert state["status"] == "waiting" and 'class="badge s-waiting"' in state["facts"]
+    assert sorted(state["calls"].values()) == ["pending", "subscribed"]
+    assert "<h3>Waiting for</h3>" in state["side"] and state["queued"] == ""
+    assert 'class="bubble user queued"' in inbox["queued"]
+    assert "are you there?" in inbox["queued"]
+    assert guarded.status == 303 and unknown.status == 404

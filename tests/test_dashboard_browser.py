@@ -9,21 +9,25 @@ simulated model streams the answer the live test watches.
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dormant import Agent, LocalSystem
+from dormant.demo import run_build, watch_pull_requests
 from dormant.errors import ModelFatal, ModelRetryable
 from dormant.http.serve import asgi_app
 from dormant.http.ui.dashboard import Dashboard
 from dormant.http.ui.guard import TokenGate
 from dormant.http.ui.setup import client_stream_url
 from dormant.http.webhooks import WebhookReceiver
-from dormant.messages import Item, UserText
-from dormant.models import ScriptedModel, SimulatedModel, reply
+from dormant.messages import AssistantTurn, Item, UserText
+from dormant.models import ScriptedModel, SimulatedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.settings import Settings
 from dormant.stores.base import ThreadStatus
@@ -32,6 +36,8 @@ from tests.browser import chromium, growing_lengths, serving
 pytestmark = pytest.mark.timeout(180)
 
 UI = "/dormant/ui/"
+SHOTS = Path(os.environ.get("DORMANT_TEST_SHOTS", "/tmp"))
+"""Where the live view's screenshots go, to be looked at."""
 
 
 PROVIDER = {"down": True}
@@ -264,4 +270,150 @@ def test_a_retried_turn_drops_its_partial_text_from_the_page(
     assert "LOST" not in shown
     assert "kept answer only" in shown
     assert streaming_hidden
+    assert errors == []
+
+
+class Operator:
+    """Starts a build (deferred) and watches pull requests (a subscription); told "stop", it
+    streams a word, holds until ``release`` is set, then cancels the subscription."""
+
+    name = "operator"
+    context_window = 100_000
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        last = request.items[-1]
+        if isinstance(last, UserText) and last.text == "start":
+            return reply(
+                "starting",
+                call("run_build", target="main"),
+                call("watch_pull_requests", repo="acme/api"),
+            )
+        if isinstance(last, UserText) and last.text == "stop":
+            on_chunk("stopping ")
+            assert self.release.wait(60), "the test never released the model"
+            watch = next(
+                c.call_id
+                for item in request.items
+                if isinstance(item, AssistantTurn)
+                for c in item.calls
+                if c.name == "watch_pull_requests"
+            )
+            return reply("stopping", call("cancel_subscription", call_id=watch))
+        return reply("done")
+
+
+def call_state(page: Any, name: str) -> str:
+    return str(page.text_content(f"li.call:has(.fn:text-is('{name}')) .state"))
+
+
+def test_the_live_view_shows_what_the_store_made_of_each_event(browser: Any) -> None:
+    """An interrupted call reads "interrupted", a cancelled subscription "cancelled", the
+    head's badge follows the thread, and a message sent after the page opened shows at once,
+    queued, before the slice that answers it commits."""
+    operator = Operator()
+    agent = Agent(
+        "operator",
+        model=operator,
+        tools=[run_build, watch_pull_requests],
+        steering="interrupt",
+    )
+    settings = Settings(chunk_flush_s=0.0, secret_keys=("k",))
+    with LocalSystem([agent], "memory://", settings=settings) as system:
+        thread_id = system.launch("operator", "start", thread_id="thr_operator")
+        system.run_until_idle()
+        with serving(app_of(system)) as base:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors = watch_errors(page)
+            page.goto(f"{base}{UI}thread?id={thread_id}")
+            page.wait_for_function("document.querySelector('.stream-state').textContent === 'live'")
+            loaded = (
+                call_state(page, "run_build"),
+                call_state(page, "watch_pull_requests"),
+                page.text_content(".head .badge"),
+            )
+
+            system.send(thread_id, "stop")  # the model holds: nothing is committed yet
+            try:
+                page.wait_for_selector("li.bubble.user.queued:has-text('stop')", timeout=15_000)
+                page.wait_for_selector(".bubble.streaming:not([hidden])", timeout=15_000)
+                page.screenshot(path=str(SHOTS / "live-queued.png"))
+            finally:
+                operator.release.set()
+            system.run_until_idle()
+            page.wait_for_function(
+                "document.querySelector('li.call .state') !== null &&"
+                " [...document.querySelectorAll('li.call .state')].map(s => s.textContent)"
+                ".join(',') === 'interrupted,cancelled,answered'",
+                timeout=15_000,
+            )
+            page.wait_for_function(
+                "document.querySelector('.head .badge').textContent === 'idle'", timeout=15_000
+            )
+            page.screenshot(path=str(SHOTS / "live-after.png"), full_page=True)
+            after = (
+                call_state(page, "run_build"),
+                call_state(page, "watch_pull_requests"),
+                page.text_content(".head .badge"),
+            )
+            queued_left = page.locator("li.queued").count()
+            page.close()
+
+    assert loaded == ("pending", "subscribed", "waiting")
+    assert after == ("interrupted", "cancelled", "idle")
+    assert queued_left == 0
+    assert errors == []
+
+
+class Held:
+    """``model``, holding every completion until ``go`` is set."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        self.name = model.name
+        self.context_window = model.context_window
+        self.go = threading.Event()
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        assert self.go.wait(60), "the test never let the model go"
+        completion: Completion = self.model.complete(request, on_chunk)
+        return completion
+
+
+def test_the_family_tree_follows_children_spawned_after_the_page_opened(browser: Any) -> None:
+    from examples.family import AGENT as RELEASE
+
+    held = Held(RELEASE.model)
+    agent = Agent("release", model=held, tools=RELEASE.tools, threads=True)
+    with LocalSystem([agent], "memory://", settings=Settings(chunk_flush_s=0.0)) as system:
+        parent = system.launch("release", "Is release 1.4 ready to ship?", thread_id="thr_rel")
+        with serving(app_of(system)) as base:
+            page = browser.new_page(viewport={"width": 1400, "height": 1000})
+            errors = watch_errors(page)
+            page.goto(f"{base}{UI}thread?id={parent}")
+            page.wait_for_function("document.querySelector('.stream-state').textContent === 'live'")
+            tree_at_load = page.locator("#side ul.tree").count()
+            held.go.set()
+            system.run_until_idle()
+            children = {c.id: c.status.value for c in system.store.children(parent)}
+            page.wait_for_function(
+                "[...document.querySelectorAll('#side ul.tree ul .badge')]"
+                f".filter(b => b.textContent === 'closed').length === {len(children)}",
+                timeout=15_000,
+            )
+            page.screenshot(path=str(SHOTS / "live-tree.png"), full_page=True)
+            shown = page.eval_on_selector_all(
+                "#side ul.tree ul > li",
+                "lis => lis.map(li => [li.querySelector('a').textContent,"
+                " li.querySelector('.badge').textContent])",
+            )
+            head = page.text_content(".head .badge")
+            page.close()
+        status = system.thread(parent).status.value
+
+    assert tree_at_load == 0
+    assert len(children) == 2 and dict(shown) == children
+    assert head == status
     assert errors == []

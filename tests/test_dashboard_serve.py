@@ -78,3 +78,31 @@ def test_a_live_answer_reaches_the_page_through_dormant_serve(
     assert stream_url.startswith(f"/dormant/threads/{thread_id}/events?token=")
     assert lengths == sorted(lengths) and len(set(lengths)) == 3
     assert final == system.history(thread_id)[-1].text  # type: ignore[union-attr]
+
+
+def test_without_a_token_a_public_bind_refuses_even_requests_relayed_to_loopback(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """``ssh -L``, ``kubectl port-forward`` or a sidecar make a request from anywhere arrive
+    on 127.0.0.1: on ``--host 0.0.0.0`` the bind decides, so only the token opens it."""
+    database_url = f"sqlite:///{tmp_path_factory.mktemp('bind') / 'dormant.db'}"
+    with LocalSystem([], database_url):
+        pass  # the schema
+    answers: dict[tuple[str, bool], tuple[int, int, int]] = {}
+    for host, token in (("0.0.0.0", False), ("127.0.0.1", False), ("0.0.0.0", True)):
+        port = free_port()
+        env = serve_env(port, database_url, f"dbind{secrets.token_hex(5)}")
+        env["DORMANT_UI_ACTIONS"] = "1"
+        env.pop("DORMANT_UI_TOKEN", None)
+        if token:
+            env["DORMANT_UI_TOKEN"] = TOKEN
+        auth = {"Authorization": f"Bearer {TOKEN}"} if token else {}
+        with running_serve(env, port, host=host) as base:  # base is http://127.0.0.1:<port>
+            page = httpx.get(f"{base}/dormant/ui/", headers=auth, timeout=30)
+            close = httpx.post(f"{base}/dormant/ui/thread/close", data={"id": "thr_x"})
+            anonymous = httpx.get(f"{base}/dormant/ui/", timeout=30)
+        answers[(host, token)] = (page.status_code, close.status_code, anonymous.status_code)
+
+    assert answers[("0.0.0.0", False)] == (403, 403, 403)
+    assert answers[("127.0.0.1", False)][0] == 200
+    assert answers[("0.0.0.0", True)] == (200, 303, 303)  # the anonymous go to the login

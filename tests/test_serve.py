@@ -95,11 +95,11 @@ def serve_env(port: int, database_url: str, prefix: str) -> dict[str, str]:
 
 
 @contextmanager
-def running_serve(env: dict[str, str], port: int) -> Iterator[str]:
-    """``dormant serve`` as a subprocess, up; yields its base URL. Its log must hold no
-    traceback, and its Redis keys are deleted afterwards."""
+def running_serve(env: dict[str, str], port: int, host: str = "127.0.0.1") -> Iterator[str]:
+    """``dormant serve --host host`` as a subprocess, up; yields its base URL (always on
+    127.0.0.1). Its log must hold no traceback, and its Redis keys are deleted afterwards."""
     server = subprocess.Popen(
-        [sys.executable, "-m", "dormant", "serve", "--host", "127.0.0.1", "--port", str(port)],
+        [sys.executable, "-m", "dormant", "serve", "--host", host, "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

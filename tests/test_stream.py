@@ -5,6 +5,7 @@ reader sees, and what they see rebuilds the stored history and the live text."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from collections.abc import Callable, Iterator
 
@@ -123,6 +124,80 @@ def test_an_idle_stream_ends_after_its_timeout_and_bad_input_is_refused() -> Non
             list(system.stream(thread_id, "12;DROP", timeout_s=0.1))
         with pytest.raises(UnknownThread):
             list(system.stream("thr_nobody", timeout_s=0.1))
+
+
+def test_a_well_formed_id_no_stream_gave_out_is_refused_at_once() -> None:
+    with _memory(Streamer(words=3)) as system:
+        thread_id = system.launch("streamer", "hello")
+        system.run_until_idle()
+        given = [e.id for e in system.stream(thread_id, timeout_s=0.2)]
+        boundary = parse_id(given[-1])[0]
+        live = format_id(boundary, 1_700_000_000_000_000)  # a live event's: a clock in us
+        resumed = [list(system.stream(thread_id, eid, timeout_s=0.2)) for eid in given]
+        after_live = list(system.stream(thread_id, live, timeout_s=0.2))
+        made_up = ["999999.0", "57.123", f"{boundary}.5", "0.0", f"1.{CLOSED_N + 1}"]
+        for event_id in made_up:
+            with pytest.raises(InvalidStreamId):
+                system.stream(thread_id, event_id, timeout_s=0.1)  # at the call, not later
+            with pytest.raises(InvalidStreamId):
+                sse_response(system, thread_id, event_id)
+
+        async def first_async_step() -> None:
+            async for _ in system.astream(thread_id, "999999.0", timeout_s=0.1):
+                pass
+
+        with pytest.raises(InvalidStreamId):
+            asyncio.run(first_async_step())
+    assert [len(events) for events in resumed] == [1, 0]
+    assert {e.type for e in after_live} <= {"retry"}  # accepted: mid-turn, text may be lost
+
+
+class _Paused(Streamer):
+    """A ``Streamer`` that starts when ``begin`` is set and stops after five words until
+    ``go`` is."""
+
+    def __init__(self) -> None:
+        super().__init__(words=10)
+        self.begin, self.halfway, self.go = (threading.Event() for _ in range(3))
+
+    def complete(self, request, on_chunk):  # type: ignore[no-untyped-def]
+        def sink(text: str) -> None:
+            if text == " w4":
+                self.halfway.set()
+                assert self.go.wait(30)
+            on_chunk(text)
+
+        assert self.begin.wait(30)
+        return super().complete(request, sink)
+
+
+def _live_text_of_a_reader_arriving_halfway(earlier_reader: bool) -> str:
+    model = _Paused()
+    with _memory(model) as system:
+        thread_id = system.launch("streamer", "hi")
+        early: list[StreamEvent] = []
+        first = system.stream(thread_id, timeout_s=2) if earlier_reader else iter(())
+        reading = threading.Thread(target=lambda: early.extend(first))
+        reading.start()
+        running = threading.Thread(target=system.run_until_idle)
+        running.start()
+        model.begin.set()
+        assert model.halfway.wait(30)
+        late = system.stream(thread_id, timeout_s=2)  # no id: it is watching from here
+        model.go.set()
+        seen = list(late)
+        running.join(30)
+        reading.join(30)
+    assert [e.type for e in seen][-1] == "item"  # the answer, which replaces the live text
+    return "".join(e.text for e in seen if isinstance(e, StreamChunk))
+
+
+def test_a_reader_with_no_id_gets_the_live_text_the_log_holds() -> None:
+    alone = _live_text_of_a_reader_arriving_halfway(earlier_reader=False)
+    after_another = _live_text_of_a_reader_arriving_halfway(earlier_reader=True)
+
+    assert alone == " w4 w5 w6 w7 w8 w9"  # from the moment it connected: no first words
+    assert after_another == "answer 1: w0 w1 w2 w3 w4 w5 w6 w7 w8 w9"  # the log had it all
 
 
 def test_closing_a_thread_mid_answer_says_retry_then_closed() -> None:

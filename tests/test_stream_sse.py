@@ -163,3 +163,7 @@ def test_a_forged_altered_expired_or_misplaced_token_gets_403(
     assert missing.status_code == 404
     bad_id = httpx.get(f"{good}&after=nonsense", timeout=30)
     assert bad_id.status_code == 400
+    never_given = httpx.get(f"{good}&after=999999.0", timeout=30)
+    assert never_given.status_code == 400, never_given.text
+    made_up = httpx.get(good, headers={"Last-Event-ID": "57.123"}, timeout=30)
+    assert made_up.status_code == 400, made_up.text

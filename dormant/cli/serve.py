@@ -34,7 +34,7 @@ def serve(
     settings = env_settings().require_secret()
     sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
     with Client.from_settings(settings) as client:
-        dashboard = serve_dashboard(client)
+        dashboard = serve_dashboard(client, host)
         app = asgi_app(client, WebhookReceiver(client, sources), dashboard)
         # No access log: webhook and callback URLs carry tokens, which must not land in logs.
         # Open streams (SSE) end only with their threads: a stop waits 5 s for them, no more.

@@ -18,6 +18,9 @@ Flask::
 
 The host decides who gets in (``allow``: Django's default is an authenticated staff user;
 Flask has no default, so ``allow`` is required); ``DORMANT_UI_TOKEN`` plays no part here.
+An ``allow`` that raises (``current_user.is_admin`` on an anonymous user has no such
+attribute) denies, with a 403, and the exception goes to the ``dormant.ui`` log: a broken
+check is a refusal, never a 500 nor an open door.
 ``actions=True`` offers retry and close, whose forms carry the dashboard's own CSRF token
 (the Django view is exempt from Django's CSRF middleware for that reason, and checks its
 own). The thread page's live view reads the thread's event stream (SSE) from the mount
@@ -29,6 +32,7 @@ the thread id) points it elsewhere instead, e.g. at ``dormant serve``'s stream w
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -36,6 +40,17 @@ from dormant.base_client import BaseClient
 from dormant.http.ui.dashboard import Dashboard, StreamUrl, UIRequest, UIResponse
 
 __all__ = ["django_view", "flask_blueprint"]
+
+log = logging.getLogger("dormant.ui")
+
+
+def _allowed(allow: Callable[..., bool], *args: Any) -> bool:
+    """``allow(*args)``, where an exception denies (and is logged with its traceback)."""
+    try:
+        return bool(allow(*args))
+    except Exception:
+        log.warning("dashboard: access denied, the host app's allow() raised", exc_info=True)
+        return False
 
 
 def _staff(request: Any) -> bool:
@@ -57,8 +72,9 @@ def django_view(
         from django.contrib.auth.views import redirect_to_login
         from django.http import HttpResponse, StreamingHttpResponse
 
-        if not allow(request):
-            if not request.user.is_authenticated:
+        if not _allowed(allow, request):
+            user = getattr(request, "user", None)
+            if user is not None and not user.is_authenticated:
                 return redirect_to_login(request.get_full_path())
             return HttpResponse("the dashboard is for staff", status=403, content_type="text/plain")
         root = request.path[: len(request.path) - len(path)]
@@ -125,7 +141,7 @@ def flask_blueprint(
     @blueprint.route("/", defaults={"path": ""}, methods=["GET", "POST"])
     @blueprint.route("/<path:path>", methods=["GET", "POST"])
     def dashboard(path: str) -> Response:
-        if not allow():
+        if not _allowed(allow):
             return Response("the dashboard needs a signed-in operator", 403, mimetype="text/plain")
         root = request.path[: len(request.path) - len(path)]
         ui = UIRequest(

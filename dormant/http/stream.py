@@ -93,8 +93,8 @@ def sse_response(
 
     The body blocks a thread while it waits (WSGI servers give each request one).
     """
-    client.thread(thread_id)
     reader = client.stream_reader(thread_id, after or None)
+    reader.check()
     return SSEResponse(_body(reader, heartbeat_s), list(SSE_HEADERS))
 
 
@@ -160,8 +160,8 @@ async def serve_stream(client: BaseClient, scope: Scope, receive: Receive, send:
         await _reply(send, 403, {"error": "invalid or expired stream token"})
         return
     try:
-        await asyncio.to_thread(client.thread, thread_id)
         reader = client.stream_reader(thread_id, after)
+        await asyncio.to_thread(reader.check)
     except UnknownThread:
         await _reply(send, 404, {"error": f"unknown thread {thread_id!r}"})
         return

@@ -19,6 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
+from dormant.errors import InvalidStreamId
 from dormant.messages import AssistantTurn, ItemAdapter
 from dormant.stores.base import Store, StoredItem, ThreadInfo, ThreadStatus
 from dormant.stores.lineage import next_seq
@@ -36,7 +37,7 @@ from dormant.streams import (
     parse_id,
 )
 
-__all__ = ["REFRESH_S", "StreamReader", "astream", "stream"]
+__all__ = ["MIN_LIVE_N", "REFRESH_S", "StreamReader", "astream", "stream"]
 
 REFRESH_S = 10.0
 """How often an idle reader re-marks its thread watched and re-reads the store (what it
@@ -46,6 +47,9 @@ LOST_CLOSE_AFTER_S = 2.0
 it itself. The live status follows the commit by milliseconds; a reader that read the
 store in between must wait for it (its id is the one every other reader gets), and only
 a close whose status never came (a Redis flush, a crash between the two) is said here."""
+MIN_LIVE_N = 10**15
+"""The least ``n`` a live event gets: its clock in microseconds, which passed 10**15 in
+2001 (the log only ever bumps it up)."""
 _LOST = (
     "the live stream restarted (a Redis flush or a long pause); text since the last item is lost"
 )
@@ -72,6 +76,11 @@ class StreamReader:
     _started: bool = False
     _close_seen_at: float | None = None
     """When the store first showed the thread closed with no live close in the log."""
+    _boundary: int = 0
+    """The thread's next seq, as the last store read showed it."""
+    _checked: bool = False
+    _first: tuple[list[StoredItem], ThreadInfo, tuple[int, int] | None] | None = None
+    """The store read ``check`` made, which the first round uses instead of its own."""
 
     def __post_init__(self) -> None:
         if self.after is not None:
@@ -79,6 +88,25 @@ class StreamReader:
             self.partial = self.place[1] > 0  # resuming mid-turn, perhaps: assume text shown
         self._read = self.place
         self.expected = self.place[0]
+
+    def check(self) -> None:
+        """Raise ``InvalidStreamId`` unless ``after`` is an id this thread's stream could
+        have given out (``UnknownThread`` for no such thread); readers call it before they
+        answer, so a made-up id is refused instead of waiting for ever for events past it.
+
+        It reads the store, as the first round would: that round uses this read. An id's
+        boundary ``c`` is never past the thread's next seq (a commit is stored before its
+        events are numbered), and its ``n`` is 0 (an item), ``CLOSED_N`` or a live event's
+        clock in microseconds (``MIN_LIVE_N`` on).
+        """
+        self._start()
+        self._first = self._fetch()
+        if self.after is not None:
+            c, n = self.place
+            live = MIN_LIVE_N <= n <= CLOSED_N
+            if not (1 <= c <= self._boundary and (n == 0 or live)):
+                raise InvalidStreamId(self.after)
+        self._checked = True
 
     # one round, blocking or async ---------------------------------------------------------
 
@@ -89,9 +117,11 @@ class StreamReader:
         store gives was committed before that log read, so every live event it holds from
         before the commit is in it too, and is delivered first.
         """
-        if not self._started:
-            self.live.watch(self.thread_id, None)
-            self._started = True
+        if not self._checked:
+            self.check()
+        if self._first is not None:
+            fetched, self._first = self._first, None
+            return self._merge(self.live.read(self.thread_id, self._read, 0.0), fetched)
         if self.clock() < self._refresh_at:
             entries = self.live.read(self.thread_id, self._read, self._block_s(block_s))
             if not self._needs_store(entries):
@@ -101,15 +131,22 @@ class StreamReader:
 
     async def apoll(self, block_s: float) -> list[StreamEvent]:
         """``poll`` for an event loop: the wait holds no thread, the store reads run on one."""
-        if not self._started:
-            await asyncio.to_thread(self.live.watch, self.thread_id, None)
-            self._started = True
+        if not self._checked:
+            await asyncio.to_thread(self.check)
+        if self._first is not None:
+            fetched, self._first = self._first, None
+            return self._merge(await self.live.aread(self.thread_id, self._read, 0.0), fetched)
         if self.clock() < self._refresh_at:
             entries = await self.live.aread(self.thread_id, self._read, self._block_s(block_s))
             if not self._needs_store(entries):
                 return self._merge(entries, None)
         fetched = await asyncio.to_thread(self._fetch)
         return self._merge(await self.live.aread(self.thread_id, self._read, 0.0), fetched)
+
+    def _start(self) -> None:
+        if not self._started:
+            self.live.watch(self.thread_id, None)
+            self._started = True
 
     def _block_s(self, block_s: float) -> float:
         return max(0.0, min(block_s, self._refresh_at - self.clock()))
@@ -132,7 +169,8 @@ class StreamReader:
         info = self.store.thread(self.thread_id)
         own = self.store.own_items(self.thread_id)
         items = [s for s in own if s.seq >= self.expected]
-        self.live.watch(self.thread_id, next_seq(info, own))
+        self._boundary = next_seq(info, own)
+        self.live.watch(self.thread_id, self._boundary)
         self._refresh_at = self.clock() + self.refresh_s
         closed = self.live.closed_at(self.thread_id) if info.status is ThreadStatus.CLOSED else None
         return items, info, closed

@@ -67,6 +67,36 @@ def test_flask_shows_the_dashboard_to_whom_allow_admits_and_runs_its_actions(
     assert web.get(f"/ops/dormant/thread/events?id={thread_id}").status_code == 403
 
 
+class _Anonymous:
+    """What flask-login's ``current_user`` is before a login: it has no ``is_admin``."""
+
+
+class _Admin:
+    is_admin = True
+
+
+def test_a_flask_allow_that_raises_denies_with_403_and_is_logged(
+    system: LocalSystem, caplog: pytest.LogCaptureFixture
+) -> None:
+    app = Flask(__name__)
+    users = {"admin": _Admin()}
+
+    def current_user() -> object:
+        return users.get(request.headers.get("X-User", ""), _Anonymous())
+
+    allow = lambda: current_user().is_admin  # type: ignore[attr-defined]  # noqa: E731
+    app.register_blueprint(flask_blueprint(lambda: system, allow=allow), url_prefix="/ops")
+    web = app.test_client()
+
+    with caplog.at_level("WARNING", logger="dormant.ui"):
+        anonymous = web.get("/ops/")
+    admin = web.get("/ops/", headers={"X-User": "admin"})
+
+    assert anonymous.status_code == 403
+    assert admin.status_code == 200
+    assert "AttributeError" in caplog.text and "denied" in caplog.text
+
+
 def test_a_flask_mount_shows_a_live_answer_token_by_token_in_a_browser() -> None:
     slow = SimulatedModel(completion_chars=200, chunk_chars=5, chunk_delay_s=0.08)
     with LocalSystem([Agent("writer", model=slow)], "memory://") as system:
@@ -125,7 +155,14 @@ from dormant.contrib.dashboard import django_view
 from dormant.models import ScriptedModel, SimulatedModel, reply
 
 system = LocalSystem([Agent("echo", model=ScriptedModel(lambda items: reply("hi")))], "memory://")
-urlpatterns = [re_path(r"^dormant/ui/(?P<path>.*)$", django_view(lambda: system, actions=True))]
+def broken_allow(request):
+    return request.user.profile.is_admin  # no profile model: AttributeError
+
+
+urlpatterns = [
+    re_path(r"^dormant/ui/(?P<path>.*)$", django_view(lambda: system, actions=True)),
+    re_path(r"^broken/(?P<path>.*)$", django_view(lambda: system, allow=broken_allow)),
+]
 call_command("migrate", verbosity=0)
 thread_id = system.launch("echo", "hello", thread_id="thr_django")
 system.run_until_idle()
@@ -138,6 +175,7 @@ print("clerk", web.get("/dormant/ui/").status_code)
 web.force_login(User.objects.create_user("ops", password="x", is_staff=True))
 listing = web.get("/dormant/ui/")
 print("staff", listing.status_code, 'data-thread="thr_django"' in listing.content.decode())
+print("raising allow", web.get("/broken/").status_code)
 page = web.get("/dormant/ui/thread", {"id": thread_id}).content.decode()
 token = re.findall(r'name="csrf" value="([0-9a-f]+)"', page)[0]
 form = {"id": thread_id, "csrf": token, "reason": "from django"}
@@ -162,6 +200,7 @@ def test_django_shows_the_dashboard_to_staff_and_checks_its_own_csrf(tmp_path: P
         "anonymous 302 /login/?next=/dormant/ui/",
         "clerk 403",
         "staff 200 True",
+        "raising allow 403",
         "forged 403",
         "closed 303 closed",
         "events text/event-stream; charset=utf-8 True True",

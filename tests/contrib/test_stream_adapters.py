@@ -73,6 +73,9 @@ def test_flask_serves_the_stream_behind_the_apps_own_auth(tmp_path: Path) -> Non
         assert _messages(rest.data) == messages[1:]
         assert web.get("/threads/thr_nobody/events").status_code == 404
         assert web.get(f"/threads/{thread_id}/events?after=nonsense").status_code == 400
+        assert web.get(f"/threads/{thread_id}/events?after=999999.0").status_code == 400
+        made_up = {"Last-Event-ID": "57.123"}
+        assert web.get(f"/threads/{thread_id}/events", headers=made_up).status_code == 400
         allowed[0] = False
         assert web.get(f"/threads/{thread_id}/events").status_code == 403
     finally:
@@ -108,6 +111,8 @@ for path, headers in [
     (f"/t/{thread_id}/events", {}),
     (f"/t/{thread_id}/events", {"HTTP_LAST_EVENT_ID": "2.0"}),
     ("/t/thr_nobody/events", {}),
+    (f"/t/{thread_id}/events", {"HTTP_LAST_EVENT_ID": "57.123"}),
+    (f"/t/{thread_id}/events?after=999999.0", {}),
 ]:
     request = requests.get(path, **headers)
     response = stream_response(request, dormant_client(app), path.split("/")[2])
@@ -136,6 +141,8 @@ def test_django_serves_the_stream_from_a_view(tmp_path: Path) -> None:
         "200 text/event-stream; charset=utf-8",
         "200 text/event-stream; charset=utf-8",
         "404 text/html; charset=utf-8",
+        "400 text/html; charset=utf-8",
+        "400 text/html; charset=utf-8",
     ]
     whole, rest = _messages(parts[0].encode()), _messages(parts[1].encode())
     assert [m["event"] for m in whole] == ["item", "item", "status"]

@@ -40,7 +40,6 @@ async def serve_ui(dashboard: Dashboard, scope: Scope, receive: Receive, send: S
         cookies=_cookies(headers.get("cookie", "")),
         headers=headers,
         secure=scope.get("scheme") == "https",
-        server_host=(scope.get("server") or (None, None))[0],
         client_host=(scope.get("client") or (None, None))[0],
     )
     try:

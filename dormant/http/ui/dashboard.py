@@ -2,12 +2,14 @@
 
 Routes, below the dashboard's root (``/dormant/ui/`` in ``dormant serve``): ``GET`` the list
 (``?status=&agent=&before=``), ``GET thread?id=`` a thread's page (``&full=1``: every stored
-item), ``POST thread/retry`` and ``POST thread/close`` (only with actions enabled, CSRF
-checked), ``GET static/...``, and ``login``/``logout`` when a token guards it.
+item), ``GET thread/state?id=`` (JSON: what the page's live view refreshes), ``POST
+thread/retry`` and ``POST thread/close`` (only with actions enabled, CSRF checked), ``GET
+static/...``, and ``login``/``logout`` when a token guards it.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
@@ -21,7 +23,7 @@ from dormant.http.stream import sse_response
 from dormant.http.ui.guard import CSRF_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Csrf, TokenGate
 from dormant.http.ui.html import esc, page
 from dormant.http.ui.listing import ListQuery, list_body
-from dormant.http.ui.thread_page import thread_body
+from dormant.http.ui.thread_page import thread_body, thread_state
 from dormant.stores.base import ThreadInfo, ThreadStatus
 
 __all__ = ["Dashboard", "StreamUrl", "UIRequest", "UIResponse"]
@@ -48,7 +50,6 @@ class UIRequest:
     headers: Mapping[str, str] = field(default_factory=dict)
     """Lower-case names."""
     secure: bool = False
-    server_host: str | None = None
     client_host: str | None = None
     fresh_csrf: bool = False
     """Set by ``Dashboard``: the CSRF cookie was made for this response, which sets it."""
@@ -99,7 +100,7 @@ class Dashboard:
         if path == "login":
             return self._login(request)
         if self.gate is not None and not self.gate.allows(
-            request.cookies, request.headers, request.server_host, request.client_host
+            request.cookies, request.headers, request.client_host
         ):
             if self.gate.token:
                 return _redirect(request.root + "login")
@@ -120,6 +121,11 @@ class Dashboard:
         if path == "thread" and request.method == "GET":
             info = self.client.thread(request.query.get("id", ""))
             return self._thread(request, info, now)
+        if path == "thread/state" and request.method == "GET":
+            info = self.client.thread(request.query.get("id", ""))
+            state = thread_state(self.client, info, root=request.root, now=now)
+            headers = (("cache-control", "no-store"),)
+            return UIResponse(200, json.dumps(state).encode(), "application/json", headers)
         if path == "thread/events" and request.method == "GET" and self.live:
             return self._events(request)
         if path in ("thread/retry", "thread/close") and request.method == "POST":

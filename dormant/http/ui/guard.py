@@ -51,24 +51,24 @@ def _mac(key: str, message: str) -> str:
 class TokenGate:
     """The ``dormant serve`` dashboard's gate: the UI token, or a purely local set-up.
 
-    With no token, only a server listening on a loopback address lets in peers that are on
-    loopback and came through no proxy (no ``Forwarded``/``X-Forwarded-For`` header): the
-    dashboard is never open on a public bind, nor behind a proxy, without a token.
+    With no token, only a server bound to a loopback address (``bind_host``, the ``--host``
+    it was started with) lets in peers that are on loopback and came through no proxy (no
+    ``Forwarded``/``X-Forwarded-For`` header): the dashboard is never open on a public bind,
+    nor behind a proxy, without a token. The bind decides, not the address a connection
+    arrived on: on ``0.0.0.0`` a request relayed to 127.0.0.1 (``ssh -L``, ``kubectl
+    port-forward``, a sidecar) may come from anywhere.
     """
 
-    def __init__(self, token: str) -> None:
+    def __init__(self, token: str, bind_host: str | None = None) -> None:
         self.token = token
+        self.bind_host = bind_host
 
     def allows(
-        self,
-        cookies: Mapping[str, str],
-        headers: Mapping[str, str],
-        server_host: str | None,
-        client_host: str | None,
+        self, cookies: Mapping[str, str], headers: Mapping[str, str], client_host: str | None
     ) -> bool:
         if not self.token:
             proxied = "forwarded" in headers or "x-forwarded-for" in headers
-            return is_loopback(server_host) and is_loopback(client_host) and not proxied
+            return is_loopback(self.bind_host) and is_loopback(client_host) and not proxied
         bearer = headers.get("authorization", "")
         if bearer.startswith("Bearer ") and hmac.compare_digest(bearer[7:], self.token):
             return True

@@ -27,12 +27,13 @@ STREAM_TTL_S = 3600.0
 """A dashboard page's stream capability lives this long (a reload mints a fresh one)."""
 
 
-def serve_dashboard(client: BaseClient) -> Dashboard:
-    """``dormant serve``'s dashboard: ``DORMANT_UI_TOKEN`` and ``DORMANT_UI_ACTIONS``."""
+def serve_dashboard(client: BaseClient, bind_host: str) -> Dashboard:
+    """``dormant serve``'s dashboard: ``DORMANT_UI_TOKEN`` and ``DORMANT_UI_ACTIONS``;
+    without a token it opens only when ``bind_host`` (``--host``) is a loopback address."""
     settings = client.settings
     return Dashboard(
         client,
         actions=settings.ui_actions,
-        gate=TokenGate(settings.ui_token),
+        gate=TokenGate(settings.ui_token, bind_host),
         stream_url=client_stream_url(client),
     )

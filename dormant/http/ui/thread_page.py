@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 from datetime import datetime
+from typing import Any
 
 from dormant.base_client import BaseClient
 from dormant.budget import BUDGET_KEY
@@ -36,7 +37,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 
-__all__ = ["MAX_TREE_NODES", "thread_body"]
+__all__ = ["MAX_TREE_NODES", "thread_body", "thread_state"]
 
 MAX_TREE_NODES = 200
 """A tree larger than this is cut (each child's page shows its own subtree)."""
@@ -67,8 +68,10 @@ def thread_body(
         else f'<b>model view</b> · <a href="{href(root, "thread", id=info.id, full="1")}">'
         "full transcript</a>"
     )
+    state_url = href(root, "thread/state", id=info.id)
     live = (
-        f'<div id="live" class="live" data-stream="{esc(stream_url)}" data-last-seq="{last_seq}">'
+        f'<div id="live" class="live" data-stream="{esc(stream_url)}" data-last-seq="{last_seq}"'
+        f' data-state="{state_url}">'
         '<div class="bubble assistant streaming" hidden><span class="who">assistant'
         ' <em>streaming…</em></span><div class="text"></div></div>'
         '<p class="stream-state muted"></p></div>'
@@ -78,10 +81,8 @@ def thread_body(
     return f"""
 <section class="head">
   <h1 class="mono">{esc(info.id)}</h1>
-  <div class="facts">{badge(info.status.value)} <span>agent <b>{esc(info.agent)}</b></span>
-  <span>created {ago(info.created_at, now)}</span> <span>updated {ago(info.updated_at, now)}</span>
-  <span>version {info.version}</span></div>
-  {_problems(info)}
+  <div class="facts" id="facts">{_facts(info, now)}</div>
+  <div id="problems">{_problems(info)}</div>
   {actions}
 </section>
 <div class="columns">
@@ -90,14 +91,52 @@ def thread_body(
   <ol class="items" id="items">{timeline or '<li class="empty">No items yet.</li>'}</ol>
   {live}
 </section>
-<aside class="side">
-  {_waiting(record, calls, info, now)}
-  {_usage(client, info)}
-  {_tree(client, info, root)}
-  {_metadata(info)}
-</aside>
+<aside class="side" id="side">{_side(client, info, record, calls, root, now)}</aside>
 </div>
 """
+
+
+def thread_state(
+    client: BaseClient, info: ThreadInfo, *, root: str, now: datetime
+) -> dict[str, Any]:
+    """What the live view refreshes while the page is open (``thread/state?id=``): the
+    stream says what happened, not what the store made of it (an interrupted call, a
+    cancelled subscription, a child's status, a message still in the inbox), so the page
+    asks the store. Parts are rendered as on the page; ``calls`` maps call ids to states."""
+    snap = client.store.load(info.id)
+    record = thread_record(client.store, info)
+    return {
+        "status": info.status.value,
+        "facts": _facts(info, now),
+        "problems": _problems(info),
+        "side": _side(client, info, record, snap.calls, root, now),
+        "calls": {call_id: call.state.value for call_id, call in snap.calls.items()},
+        "queued": "".join(_queued(row) for row in snap.inbox),
+    }
+
+
+def _facts(info: ThreadInfo, now: datetime) -> str:
+    return (
+        f"{badge(info.status.value)} <span>agent <b>{esc(info.agent)}</b></span>"
+        f" <span>created {ago(info.created_at, now)}</span>"
+        f" <span>updated {ago(info.updated_at, now)}</span> <span>version {info.version}</span>"
+    )
+
+
+def _side(
+    client: BaseClient,
+    info: ThreadInfo,
+    record: dict[str, object],
+    calls: dict[str, CallRecord],
+    root: str,
+    now: datetime,
+) -> str:
+    return (
+        _waiting(record, calls, info, now)
+        + _usage(client, info)
+        + _tree(client, info, root)
+        + _metadata(info)
+    )
 
 
 def _problems(info: ThreadInfo) -> str:

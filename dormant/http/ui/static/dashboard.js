@@ -1,5 +1,7 @@
 // dormant's thread dashboard: confirm before closing, and the thread page's live view over
-// the thread's event stream (SSE). No build step; plain DOM.
+// the thread's event stream (SSE). The stream says what happened; what the store made of it
+// (a call's state, the thread's and its family's status, messages still in the inbox) comes
+// from thread/state, fetched after each event and every few seconds. No build step; plain DOM.
 "use strict";
 
 document.addEventListener("submit", (e) => {
@@ -14,13 +16,17 @@ function el(tag, cls, text) {
   return node;
 }
 
+const REFRESH_MS = 4000;
+let callStates = {};  // call id -> state, as thread/state last said
+
 function callLine(call) {
-  const li = el("li", "call c-pending");
+  const state = callStates[call.call_id] || "pending";  // just made: pending until told
+  const li = el("li", "call c-" + state);
   li.dataset.call = call.call_id;
   li.append(el("span", "fn", call.name), "(",
     el("span", "args", Object.entries(call.args || {})
       .map(([k, v]) => `${k}=${JSON.stringify(v)}`).join(", ")), ") ",
-    el("span", "state", "pending"), " ", el("code", "", call.call_id));
+    el("span", "state", state), " ", el("code", "", call.call_id));
   return li;
 }
 
@@ -47,8 +53,7 @@ function itemNode(seq, item) {
       li.classList.add("tool_result");
       if (item.is_error) li.classList.add("error");
       who(`result of ${item.name} ${item.call_id}`); body(item.content);
-      markCall(item.call_id, "answered");
-      break;
+      break;  // answered, interrupted, subscribed: thread/state says which
     case "event":
       li.classList.add("event"); who(`event on ${item.original_name} ${item.original_call_id}`);
       body(item.content); break;
@@ -68,6 +73,48 @@ function markCall(callId, state) {
   });
 }
 
+// thread/state, fetched at most one at a time; a request asked for meanwhile runs after it.
+function stateRefresher(url) {
+  let timer = null, running = false, again = false;
+  const schedule = () => {
+    if (running) { again = true; return; }
+    if (!timer) timer = setTimeout(run, 150);
+  };
+  const run = async () => {
+    timer = null; running = true;
+    try {
+      const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
+      if (response.ok) applyState(await response.json());
+    } catch (error) {
+      // the server is away for a moment: the next event or tick asks again
+    } finally {
+      running = false;
+      if (again) { again = false; schedule(); }
+    }
+  };
+  setInterval(() => { if (document.visibilityState === "visible") schedule(); }, REFRESH_MS);
+  return schedule;
+}
+
+function applyState(s) {
+  const swap = (id, html) => { const node = document.getElementById(id); if (node) node.innerHTML = html; };
+  swap("facts", s.facts);
+  swap("problems", s.problems);
+  swap("side", s.side);
+  callStates = s.calls;
+  document.querySelectorAll("li.call").forEach((li) => {
+    const state = s.calls[li.dataset.call];
+    if (state) markCall(li.dataset.call, state);
+  });
+  const items = document.getElementById("items");
+  items.querySelectorAll("li.queued").forEach((li) => li.remove());
+  if (s.queued) {
+    const empty = items.querySelector("li.empty");
+    if (empty) empty.remove();
+    items.insertAdjacentHTML("beforeend", s.queued);
+  }
+}
+
 function live(box) {
   const items = document.getElementById("items");
   const bubble = box.querySelector(".bubble.streaming");
@@ -75,12 +122,14 @@ function live(box) {
   const state = box.querySelector(".stream-state");
   let lastSeq = Number(box.dataset.lastSeq || 0);
   const source = new EventSource(box.dataset.stream);
+  const refresh = box.dataset.state ? stateRefresher(box.dataset.state) : () => {};
   const data = (e) => JSON.parse(e.data);
   const dropPartial = () => { text.textContent = ""; bubble.hidden = true; };
 
   source.onopen = () => { state.textContent = "live"; };
   source.onerror = () => { state.textContent = "reconnecting…"; };
   source.addEventListener("chunk", (e) => {
+    if (bubble.hidden) refresh(); // a turn began: the message it answers may be queued
     bubble.hidden = false;
     text.textContent += data(e).text;
   });
@@ -94,10 +143,12 @@ function live(box) {
     // A committed item was applied from the inbox: the queued copies shown are now in it.
     items.querySelectorAll("li.queued").forEach((li) => li.remove());
     items.append(itemNode(d.seq, d.item));
+    refresh();
   });
   source.addEventListener("dispatched", (e) => {
     const d = data(e);
     items.append(el("li", "line", `dispatched ${d.name} ${d.call_id}`));
+    refresh();
   });
   source.addEventListener("retry", (e) => {
     dropPartial();
@@ -109,6 +160,7 @@ function live(box) {
       b.className = "badge s-" + d.status; b.dataset.status = d.status; b.textContent = d.status;
     });
     state.textContent = d.detail ? `${d.status}: ${d.detail}` : d.status;
+    refresh();
     if (d.status === "closed") source.close();
   });
 }
