@@ -13,13 +13,12 @@ from typing import TYPE_CHECKING
 import typer
 
 from dormant.cli.errors import say
+from dormant.cli.options import DatabaseOption, check_age
 
 if TYPE_CHECKING:
     from dormant.stores.base import PruneCounts
 
 __all__ = ["prune", "quarantine", "retry"]
-
-DatabaseOption = typer.Option(None, "--database-url", help="Defaults to DORMANT_DATABASE_URL.")
 
 
 def quarantine(
@@ -87,7 +86,10 @@ def retry(
 
 def prune(
     older_than: str = typer.Option(
-        ..., "--older-than", help="Age of what is deleted: 30d, 12h, 2w (s, m, h, d, w)."
+        ...,
+        "--older-than",
+        help="Age of what is deleted: 30d, 12h, 2w (s, m, h, d, w).",
+        callback=check_age,
     ),
     batch: int = typer.Option(500, "--batch", min=1, help="Rows or thread trees per transaction."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),
