@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import re
 from pathlib import Path
 
@@ -28,3 +30,18 @@ def test_every_test_a_doc_names_as_proof_exists(doc: Path) -> None:
 
 def test_the_guarantees_page_names_tests() -> None:
     assert len(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "guarantees.md").read_text())) > 10
+
+
+def test_the_tools_page_schedule_snippet_shows_the_message_to_the_model() -> None:
+    """docs/tools.md: a plain tool's ``ctx.schedule`` reaches the model when due."""
+    doc = ROOT / "docs" / "tools.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), re.DOTALL)
+    snippet = next(b for b in blocks if "ctx.schedule" in b)
+    printed = re.search(
+        r"and the model's answer to it:\n\n```\n(.*?)```", doc.read_text(), re.DOTALL
+    )
+    assert printed is not None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippet, str(doc), "exec"), {})
+    assert out.getvalue() == printed[1]
