@@ -197,7 +197,7 @@ def test_an_unknown_agent_is_refused_before_anything_is_saved(
     assert_one_error_line(by_env, 1, "unknown agent 'nobody'", "registered: calc")
     by_flag = run(empty_dir, "launch", "nobody", "hi", "--agents", "cli_agents", **env)
     assert_one_error_line(by_flag, 1, "unknown agent 'nobody'")
-    missing = run(empty_dir, "launch", "calc", "hi", "--agents", "no_such_agents", **env)
+    missing = run(empty_dir, "launch", "calc", "hi", DORMANT_AGENTS="no_such_agents", **env)
     assert_one_error_line(missing, REFUSED, "cannot import agents module 'no_such_agents'")
     store = SQLStore(migrated)
     try:
@@ -254,7 +254,7 @@ def test_send_with_the_broker_down_prints_the_message_id(empty_dir: Path, migrat
 
 
 def test_dormant_worker_refuses_to_start_without_a_secret_key(empty_dir: Path) -> None:
-    ran = run(empty_dir, "worker", "--agents", "anything")
+    ran = run(empty_dir, "worker", "--agents", "dormant.demo")  # a module that exists
     assert_one_error_line(ran, REFUSED, "DORMANT_SECRET_KEY is not set")
 
 

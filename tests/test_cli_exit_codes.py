@@ -58,6 +58,8 @@ def assert_usage_error(ran: Ran, *fragments: str) -> None:
         (["worker", "--loglevel", "loud"], "'loud' is not a log level"),
         (["worker", "--queues", ","], "name at least one queue"),
         (["beat", "--loglevel", "loud"], "'loud' is not a log level"),
+        (["launch", "a", "hi", "--agents", "no_such_agents"], "no module 'no_such_agents'"),
+        (["worker", "--agents", "no_such.agents"], "no module 'no_such.agents'"),
     ],
 )
 def test_a_bad_option_value_is_a_usage_error_with_exit_2_not_3(

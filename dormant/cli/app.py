@@ -26,7 +26,13 @@ from dormant.cli.connect import (
     redact,
 )
 from dormant.cli.errors import DEBUG_FLAG, PROG, reported, say
-from dormant.cli.options import DatabaseOption, JsonOption, check_priority, port_option
+from dormant.cli.options import (
+    DatabaseOption,
+    JsonOption,
+    check_agents,
+    check_priority,
+    port_option,
+)
 from dormant.cli.retention import prune, quarantine, retry
 from dormant.cli.serve import serve
 from dormant.cli.usage import raise_budget, usage
@@ -196,6 +202,7 @@ def launch(
         None,
         "--agents",
         help="Module defining the agents (default DORMANT_AGENTS): refuses unknown names.",
+        callback=check_agents,
     ),
     priority: str = typer.Option(
         "interactive",

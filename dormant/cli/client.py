@@ -20,7 +20,7 @@ from dormant.cli.errors import debugging, explain, say
 from dormant.client import Client
 from dormant.settings import Settings
 
-__all__ = ["CommandClient", "connect_client"]
+__all__ = ["CommandClient", "connect_client", "cwd_importable"]
 
 
 class CommandClient(Client):
@@ -46,13 +46,13 @@ def connect_client(
     module = agents_module or settings.agents_module
     agents = None
     if module:
-        with _cwd_importable():
+        with cwd_importable():
             agents = AgentRegistry.from_module(module)
     return CommandClient.from_settings(settings, agents=agents)
 
 
 @contextmanager
-def _cwd_importable() -> Iterator[None]:
+def cwd_importable() -> Iterator[None]:
     """Like ``celery -A``: the agents module may live in the current directory."""
     cwd = os.getcwd()
     added = cwd not in sys.path

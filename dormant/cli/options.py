@@ -18,6 +18,7 @@ __all__ = [
     "DatabaseOption",
     "JsonOption",
     "check_age",
+    "check_agents",
     "check_priority",
     "check_since",
     "checked_by",
@@ -60,6 +61,30 @@ DatabaseOption: Any = typer.Option(
 JsonOption: Any = typer.Option(False, "--json", help="Print JSON on stdout instead of text.")
 
 
+def _agents_module(value: str) -> None:
+    """Refuse a module that is not there (a typo); one that is there but fails to import
+    is the command's to report (exit 3: the deployment's code or dependencies)."""
+    import importlib.util
+
+    from dormant.cli.client import cwd_importable
+    from dormant.errors import ConfigurationError
+
+    if not value:
+        return  # "" means DORMANT_AGENTS (the worker's default)
+    with cwd_importable():
+        try:
+            found = importlib.util.find_spec(value) is not None
+        except ModuleNotFoundError:
+            found = False  # a parent package is missing too
+        except Exception:
+            return  # a parent package failed to import: the command says why
+    if not found:
+        raise ConfigurationError(
+            f"there is no module {value!r} here: give a module path such as myapp.agents, "
+            "importable from the current directory or PYTHONPATH"
+        )
+
+
 def _priority(value: str) -> None:
     from dormant.errors import ConfigurationError
 
@@ -79,6 +104,7 @@ def _since(value: str) -> None:
     parse_since(value)
 
 
+check_agents = checked_by(_agents_module)
 check_priority = checked_by(_priority)
 check_age = checked_by(_age)
 check_since = checked_by(_since)

@@ -12,6 +12,7 @@ from typing import Annotated
 
 import typer
 
+from dormant.cli.options import check_agents
 from dormant.settings import Settings
 
 __all__ = ["beat", "worker"]
@@ -40,7 +41,10 @@ LogLevelOption = typer.Option(
 
 def worker(
     agents: Annotated[
-        str, typer.Option("--agents", help="Module defining the agents, e.g. myapp.agents.")
+        str,
+        typer.Option(
+            "--agents", callback=check_agents, help="Module defining the agents, e.g. myapp.agents."
+        ),
     ] = "",
     concurrency: Annotated[
         int,
