@@ -8,6 +8,8 @@ It fails like every command (``cli/errors.py``): a setting it cannot start with 
 
 from __future__ import annotations
 
+import contextlib
+
 import typer
 
 from dormant.cli.options import port_option
@@ -22,7 +24,7 @@ def serve(
     """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS), /healthz, /readyz and the
     thread dashboard at /dormant/ui/ (DORMANT_UI_TOKEN; without it, only on 127.0.0.1)."""
     from dormant.cli.connect import env_settings
-    from dormant.cli.errors import EXIT_UNAVAILABLE
+    from dormant.cli.errors import EXIT_UNAVAILABLE, say
     from dormant.cli.listen import listening_socket
     from dormant.client import Client
     from dormant.errors import ConfigurationError
@@ -54,6 +56,10 @@ def serve(
             timeout_graceful_shutdown=5,
         )
         server = uvicorn.Server(config)
-        server.run(sockets=[sock])
+        # uvicorn logs where it listens only for a socket it bound itself.
+        shown = f"[{host}]" if ":" in host else host
+        say(f"serving on http://{shown}:{sock.getsockname()[1]}/ (press CTRL+C to quit)")
+        with contextlib.suppress(KeyboardInterrupt):  # CTRL+C ends it, as uvicorn.run does
+            server.run(sockets=[sock])
     if not server.started:
         raise typer.Exit(EXIT_UNAVAILABLE)  # uvicorn logged why (a failed startup)
