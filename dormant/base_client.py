@@ -40,7 +40,7 @@ from dormant.messages import (
 )
 from dormant.runtime.budgets import raise_limits
 from dormant.runtime.close import Closing, close_thread
-from dormant.runtime.history import pending
+from dormant.runtime.history import SCHEDULED, pending
 from dormant.runtime.stream import StreamReader, astream, stream
 from dormant.settings import Settings
 from dormant.stores.base import (
@@ -427,7 +427,7 @@ class BaseClient(ABC):
     def tool_schedule(self, thread_id: str, call_id: str, content: str, at: datetime) -> None:
         message = EventMessage(call_id=call_id, content=content)
         self.store.add_timer(
-            thread_id, NewTimer(call_id, at, f"schedule:{uuid.uuid4().hex}", message)
+            thread_id, NewTimer(call_id, at, f"{SCHEDULED}{uuid.uuid4().hex}", message)
         )
 
     # internals --------------------------------------------------------------------------

@@ -191,6 +191,8 @@ class Settings:
             raise ConfigurationError("tool_max_runs must be at least 1")
         if self.max_message_bytes < 1024:
             raise ConfigurationError("max_message_bytes must be at least 1024")
+        _check_scheme("DORMANT_BROKER_URL", self.broker_url, BROKER_SCHEMES)
+        _check_scheme("DORMANT_REDIS_URL", self.redis_url, REDIS_SCHEMES)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -291,6 +293,39 @@ def _read_key(path: Path) -> str:
     if not key:
         raise ConfigurationError(f"the callback signing key file {path} is empty")
     return key
+
+
+BROKER_SCHEMES = (
+    *("redis", "rediss", "redis+socket", "sentinel"),
+    *("amqp", "amqps", "pyamqp", "librabbitmq"),
+    "memory",
+)
+"""The Celery brokers dormant runs on: Redis and RabbitMQ (kombu's names for them), and
+kombu's in-process ``memory://`` for tests. Anything else is refused when the settings are
+built, not at the first send."""
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _check_scheme(var: str, url: str, schemes: tuple[str, ...]) -> None:
+    """Refuse ``url`` unless each of its ``;``-separated failover URLs has one of
+    ``schemes``: a ``http://`` broker would otherwise be accepted and fail much later."""
+    for part in url.split(";"):
+        scheme, sep, _ = part.strip().partition("://")
+        if not sep or scheme.lower() not in schemes:
+            accepted = ", ".join(f"{s}://" for s in schemes)
+            raise ConfigurationError(
+                f"{var}={_redacted(part.strip())!r} is not a usable URL: use {accepted}"
+            )
+
+
+def _redacted(url: str) -> str:
+    """``url`` without its password, for a message."""
+    head, at, tail = url.rpartition("@")
+    if not at:
+        return url
+    scheme, _, credentials = head.partition("://")
+    user, colon, _ = credentials.partition(":")
+    return f"{scheme}://{user}{':***' if colon else ''}@{tail}"
 
 
 _TABLE_PREFIX = re.compile(r"([a-z][a-z0-9_]{0,19})?")

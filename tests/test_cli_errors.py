@@ -108,13 +108,14 @@ def unmigrated_postgres() -> Iterator[str]:
 @pytest.mark.parametrize(
     ("args", "env", "fragment"),
     [
-        (["threads", "--database-url", "notaurl"], {}, "'notaurl' is not a database URL"),
-        (["show", "t", "--database-url", "mysql://u:pw@localhost/x"], {}, "unsupported"),
+        (["threads"], {"DORMANT_DATABASE_URL": "notaurl"}, "'notaurl' is not a database URL"),
+        (["show", "t"], {"DORMANT_DATABASE_URL": "mysql://u:pw@localhost/x"}, "unsupported"),
         (["launch", "a", "hi"], {"DORMANT_BROKER_URL": "notaurl"}, "DORMANT_BROKER_URL="),
+        (["launch", "a", "hi"], {"DORMANT_BROKER_URL": "http://u:pw@mq"}, "use redis://"),
         (["send", "t", "hi"], {"DORMANT_REDIS_URL": "http://x"}, "DORMANT_REDIS_URL="),
         (["threads"], {"DORMANT_TABLE_PREFIX": "My-App"}, "table prefix 'My-App'"),
         (["threads"], {"DORMANT_LEASE_TTL_S": "soon"}, "DORMANT_LEASE_TTL_S='soon'"),
-        (["db", "upgrade", "--database-url", "notaurl"], {}, "is not a database URL"),
+        (["db", "upgrade"], {"DORMANT_DATABASE_URL": "notaurl"}, "is not a database URL"),
     ],
 )
 def test_a_bad_url_or_setting_is_one_line_and_exit_3(
@@ -196,7 +197,7 @@ def test_an_unknown_agent_is_refused_before_anything_is_saved(
     assert_one_error_line(by_env, 1, "unknown agent 'nobody'", "registered: calc")
     by_flag = run(empty_dir, "launch", "nobody", "hi", "--agents", "cli_agents", **env)
     assert_one_error_line(by_flag, 1, "unknown agent 'nobody'")
-    missing = run(empty_dir, "launch", "calc", "hi", "--agents", "no_such_agents", **env)
+    missing = run(empty_dir, "launch", "calc", "hi", DORMANT_AGENTS="no_such_agents", **env)
     assert_one_error_line(missing, REFUSED, "cannot import agents module 'no_such_agents'")
     store = SQLStore(migrated)
     try:
@@ -253,7 +254,7 @@ def test_send_with_the_broker_down_prints_the_message_id(empty_dir: Path, migrat
 
 
 def test_dormant_worker_refuses_to_start_without_a_secret_key(empty_dir: Path) -> None:
-    ran = run(empty_dir, "worker", "--agents", "anything")
+    ran = run(empty_dir, "worker", "--agents", "dormant.demo")  # a module that exists
     assert_one_error_line(ran, REFUSED, "DORMANT_SECRET_KEY is not set")
 
 
@@ -291,8 +292,8 @@ def test_a_celery_worker_refuses_to_start_without_a_secret_key(
 
 def test_debug_shows_the_traceback_on_request(empty_dir: Path) -> None:
     for ran in (
-        run(empty_dir, "--debug", "threads", "--database-url", "notaurl"),
-        run(empty_dir, "threads", "--database-url", "notaurl", DORMANT_DEBUG="1"),
+        run(empty_dir, "--debug", "threads", DORMANT_DATABASE_URL="notaurl"),
+        run(empty_dir, "threads", DORMANT_DATABASE_URL="notaurl", DORMANT_DEBUG="1"),
     ):
         assert ran.code != 0 and "Traceback" in ran.err and "is not a database URL" in ran.err
 

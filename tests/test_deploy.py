@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import configparser
 import json
+import os
 import re
 import shlex
+import shutil
+import subprocess
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -96,8 +99,14 @@ def manifests() -> list[dict[str, Any]]:
     return docs
 
 
+def name_of(doc: dict[str, Any]) -> str:
+    """A manifest's name, or the prefix of the names generated for it."""
+    name: str = doc["metadata"].get("name") or doc["metadata"]["generateName"]
+    return name
+
+
 def by_kind(kind: str) -> dict[str, dict[str, Any]]:
-    return {d["metadata"]["name"]: d for d in manifests() if d["kind"] == kind}
+    return {name_of(d): d for d in manifests() if d["kind"] == kind}
 
 
 def containers(doc: dict[str, Any]) -> list[dict[str, Any]]:
@@ -109,17 +118,17 @@ def test_every_manifest_has_an_api_version_a_kind_and_a_name() -> None:
     docs = manifests()
     assert len(docs) >= 10
     for doc in docs:
-        assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"], doc
+        assert doc["apiVersion"] and doc["kind"] and name_of(doc), doc
 
 
 def test_every_container_runs_a_real_command_of_one_image_with_the_secret() -> None:
     workloads = [*by_kind("Deployment").values(), *by_kind("Job").values()]
-    assert {d["metadata"]["name"] for d in workloads} == {
+    assert {name_of(d) for d in workloads} == {
         "dormant-worker",
         "dormant-beat",
         "dormant-flower",
         "dormant-serve",
-        "dormant-migrate",
+        "dormant-migrate-",
     }
     images = set()
     for doc in workloads:
@@ -217,7 +226,7 @@ def test_every_pod_runs_as_the_images_numeric_non_root_user() -> None:
     assert len(users) == 1 and re.fullmatch(r"[1-9]\d*(:\d+)?", users[0]), users
     for doc in [*by_kind("Deployment").values(), *by_kind("Job").values()]:
         pod = doc["spec"]["template"]["spec"]
-        assert pod["securityContext"]["runAsNonRoot"] is True, doc["metadata"]["name"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name_of(doc)
 
 
 # the image ---------------------------------------------------------------------------
@@ -230,7 +239,8 @@ def test_the_image_installs_the_locked_dependencies_with_uv_and_the_extras_it_ru
     assert len(syncs) == 2, dockerfile
     for sync in syncs:
         argv = shlex.split(sync)
-        assert "--frozen" in argv and "--no-dev" in argv, sync  # exactly uv.lock's versions
+        assert "--locked" in argv and "--no-dev" in argv, sync  # exactly uv.lock's versions
+        assert "--frozen" not in argv, sync  # --frozen installs a stale lock without a word
         extras = {argv[i + 1] for i, arg in enumerate(argv) if arg == "--extra"}
         assert extras == {"serve", "flower", "mcp"}, sync  # dormant serve, Flower, MCP tools
         assert extras <= set(pyproject["project"]["optional-dependencies"])
@@ -266,7 +276,17 @@ def test_the_docker_context_leaves_out_environments_databases_keys_and_secrets()
         "deploy/.env",
     ):
         assert _docker_ignores(patterns, left_out), left_out
-    for kept in ("pyproject.toml", "uv.lock", "README.md", "dormant/worker.py", "myapp/agents.py"):
+    for left_out in ("tests/test_deploy.py", "bench/run.py", "docs/deploy.md"):
+        assert _docker_ignores(patterns, left_out), left_out  # no process runs them
+    wheel = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["hatch"]["build"]
+    packages = wheel["targets"]["wheel"]["packages"]  # what the image's install builds
+    for kept in (
+        "pyproject.toml",
+        "uv.lock",
+        "README.md",
+        "myapp/agents.py",
+        *(f"{package}/__init__.py" for package in packages),
+    ):
         assert not _docker_ignores(patterns, kept), kept
 
 
@@ -285,3 +305,118 @@ def test_systemd_units_run_real_commands_and_restart(name: str) -> None:
     assert service["Restart"] == "always"
     assert service["EnvironmentFile"] == "/etc/dormant/dormant.env"
     assert unit["Install"]["WantedBy"] == "multi-user.target"
+
+
+# what issue 31 found -------------------------------------------------------------------
+
+
+def test_uv_sync_locked_refuses_a_stale_lock_where_frozen_installs_it(tmp_path: Path) -> None:
+    """The Dockerfile's ``uv sync`` line, run (dry, offline) on a copy of the project whose
+    ``pyproject.toml`` asks for a dependency ``uv.lock`` does not have."""
+    uv = ROOT / ".uv" / "bin" / "uv"
+    if not uv.exists():
+        found = shutil.which("uv")
+        if found is None:
+            pytest.skip("!!! no uv (make .venv/.synced installs it): stale-lock case NOT RUN")
+        uv = Path(found)
+    dockerfile = (DEPLOY / "Dockerfile").read_text()
+    first = shlex.split(re.findall(r"^RUN uv sync (.*)$", dockerfile, re.MULTILINE)[0])
+    for name in ("pyproject.toml", "uv.lock"):
+        shutil.copy(ROOT / name, tmp_path / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("UV_", "VIRTUAL_ENV"))}
+
+    def sync(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(uv), "sync", *args, "--offline", "--dry-run"],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    fresh = sync(*first)
+    assert fresh.returncode == 0, fresh.stderr
+    pyproject = (tmp_path / "pyproject.toml").read_text()
+    stale = pyproject.replace("dependencies = [", 'dependencies = [\n    "not-in-the-lock>=1",', 1)
+    assert stale != pyproject
+    (tmp_path / "pyproject.toml").write_text(stale)
+    refused = sync(*first)
+    assert refused.returncode != 0, refused.stdout
+    frozen = [arg if arg != "--locked" else "--frozen" for arg in first]
+    assert sync(*frozen).returncode == 0  # what the Dockerfile used to do: no error
+
+
+def test_keda_alone_sets_the_worker_replicas() -> None:
+    worker = by_kind("Deployment")["dormant-worker"]
+    assert "replicas" not in worker["spec"]  # re-applied, it would fight KEDA's count
+    assert by_kind("ScaledObject")["dormant-worker"]["spec"]["scaleTargetRef"]["name"] == (
+        "dormant-worker"
+    )
+
+
+def test_flower_runs_without_the_agents_in_compose_and_kubernetes() -> None:
+    """Flower needs the broker; importing the agents would list every MCP server and stop
+    it while one is down."""
+    assert compose()["services"]["flower"]["environment"]["DORMANT_AGENTS"] == ""
+    (flower,) = containers(by_kind("Deployment")["dormant-flower"])
+    assert {"name": "DORMANT_AGENTS", "value": ""} in flower["env"]
+
+
+def test_the_migration_job_gets_a_new_name_per_release_and_says_how_to_run_it() -> None:
+    (job,) = by_kind("Job").values()
+    assert "name" not in job["metadata"] and job["metadata"]["generateName"] == "dormant-migrate-"
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    text = (KUBERNETES / "migrate-job.yaml").read_text()
+    assert "kubectl create -f deploy/kubernetes/migrate-job.yaml" in text
+    assert (
+        "kubectl create -f deploy/kubernetes/migrate-job.yaml"
+        in (ROOT / "docs" / "deploy.md").read_text()
+    )
+
+
+def _final_stage(dockerfile: str) -> str:
+    return dockerfile.rsplit("\nFROM ", 1)[1]
+
+
+def test_the_images_user_has_a_writable_home_with_the_caches_and_uvx() -> None:
+    final = _final_stage((DEPLOY / "Dockerfile").read_text())
+    useradd = re.search(r"useradd (.*)", final)
+    assert useradd is not None
+    argv = shlex.split(useradd[1])
+    home = argv[argv.index("--home-dir") + 1]
+    assert "--create-home" in argv and "--no-create-home" not in argv
+    env = dict(
+        re.findall(r"(\w+)=(\S+)", " ".join(re.findall(r"^ENV (.*(?:\n +.*)*)", final, re.M)))
+    )
+    assert env["HOME"] == home
+    for cache in ("XDG_CACHE_HOME", "UV_CACHE_DIR", "npm_config_cache"):
+        assert env[cache].startswith(home + "/"), cache
+    assert re.search(r"^COPY --from=build \S*/uv \S*/uvx ", final, re.M), final
+    assert "--chown" not in final  # /app, the code, stays read-only to the user
+
+
+@pytest.mark.parametrize("name", ["worker", "beat", "serve"])
+def test_systemd_units_give_home_and_caches_writable_directories(name: str) -> None:
+    unit = configparser.ConfigParser(strict=True, interpolation=None)
+    unit.optionxform = str  # type: ignore[assignment,method-assign]
+    unit.read_string((DEPLOY / "systemd" / f"dormant-{name}.service").read_text())
+    service = unit["Service"]
+    assert service["ProtectSystem"] == "strict"  # everything else is read-only
+    env = dict(pair.split("=", 1) for pair in shlex.split(service["Environment"]))
+    assert env["HOME"] == f"/var/lib/{service['StateDirectory']}"
+    for cache in ("XDG_CACHE_HOME", "UV_CACHE_DIR", "npm_config_cache"):
+        assert env[cache].startswith(f"/var/cache/{service['CacheDirectory']}"), cache
+
+
+def test_docs_deploy_names_every_variable_compose_reads_and_the_systemd_setup() -> None:
+    doc = (ROOT / "docs" / "deploy.md").read_text()
+    read = set(re.findall(r"\$\{(\w+)", (DEPLOY / "compose.yaml").read_text()))
+    assert "DORMANT_IMAGE" in read
+    assert {v for v in read if f"`{v}`" not in doc} == set()
+    unit = configparser.ConfigParser(strict=True, interpolation=None)
+    unit.read_string((DEPLOY / "systemd" / "dormant-worker.service").read_text())
+    venv = shlex.split(unit["Service"]["ExecStart"])[0].rsplit("/bin/", 1)[0]
+    user = unit["Service"]["User"]
+    assert f"useradd --system --home-dir /var/lib/dormant --shell /usr/sbin/nologin {user}" in doc
+    assert f"python3 -m venv {venv}" in doc

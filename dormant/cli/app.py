@@ -26,6 +26,13 @@ from dormant.cli.connect import (
     redact,
 )
 from dormant.cli.errors import DEBUG_FLAG, PROG, reported, say
+from dormant.cli.options import (
+    DatabaseOption,
+    JsonOption,
+    check_agents,
+    check_priority,
+    port_option,
+)
 from dormant.cli.retention import prune, quarantine, retry
 from dormant.cli.serve import serve
 from dormant.cli.usage import raise_budget, usage
@@ -38,17 +45,35 @@ if TYPE_CHECKING:
 
 __all__ = ["app", "run_hosted"]
 
+HELP = """dormant: a durable runtime for LLM agents on Celery.
+
+A failure is one "error:" line on stderr (--debug shows the traceback).
+
+\b
+Exit codes (README.md, "Errors are one line"):
+  0  done
+  1  refused: unknown thread, call or agent; a message id already received; a closed
+     thread
+  2  the command line is wrong: an unknown command or option, a bad option value;
+     running it again cannot help
+  3  the deployment cannot serve it, nothing was done: a server is unreachable, the
+     database has no schema or is read-only, a DORMANT_* setting is invalid, the port
+     is in use; running it again later may work
+"""
+
+# Plain Click help (rich_markup_mode=None): Typer's rich panels print "<bool>" after every
+# flag and keep a docstring's line breaks; plain help wraps paragraphs and shows no type
+# for a flag. Usage errors are Click's plain "Usage: ... Error: ..." lines too.
 app = typer.Typer(
-    help="dormant: a durable runtime for LLM agents on Celery.",
+    help=HELP,
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},  # a wide terminal shows whole summaries
     pretty_exceptions_show_locals=False,  # --debug tracebacks must not print passwords
 )
-db = typer.Typer(help="Database schema commands.", no_args_is_help=True)
+db = typer.Typer(help="Database schema commands.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(db, name="db")
-
-DatabaseOption = typer.Option(None, "--database-url", help="Defaults to DORMANT_DATABASE_URL.")
-JsonOption = typer.Option(False, "--json", help="Print JSON on stdout instead of text.")
 
 
 def _version(value: bool) -> None:
@@ -68,7 +93,6 @@ def main(
         False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
     ),
 ) -> None:
-    """dormant: a durable runtime for LLM agents on Celery."""
     del version  # handled by its eager callback
     DEBUG_FLAG.set(debug)
 
@@ -221,11 +245,14 @@ def launch(
         None,
         "--agents",
         help="Module defining the agents (default DORMANT_AGENTS): refuses unknown names.",
+        callback=check_agents,
     ),
     priority: str = typer.Option(
         "interactive",
         "--priority",
         help="interactive (a person waits) or background (queued behind user text).",
+        callback=check_priority,
+        metavar="interactive|background",
     ),
 ) -> None:
     """Start a thread of AGENT with user TEXT; prints its id (needs the DORMANT_* URLs)."""
@@ -283,15 +310,21 @@ def close_command(
 @reported
 def callbacks(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-    port: int = typer.Option(8765, help="Port to listen on."),
+    port: int = port_option(8765),
 ) -> None:
     """Serve callback URLs (development server; mount dormant.callbacks in production)."""
+    from dormant.cli.listen import cannot_listen
     from dormant.http.callbacks import callback_app
     from dormant.http.dev_server import make_dev_server
 
-    with open_client() as client, make_dev_server(host, port, callback_app(client)) as server:
-        say(f"receiving callbacks on http://{host}:{server.server_port}/")
-        server.serve_forever()
+    with open_client() as client:
+        try:
+            server = make_dev_server(host, port, callback_app(client))
+        except OSError as error:
+            raise cannot_listen(host, port, error) from None
+        with server:
+            say(f"receiving callbacks on http://{host}:{server.server_port}/")
+            server.serve_forever()
 
 
 def _status(value: str, kind: type[ThreadStatus]) -> ThreadStatus:

@@ -1,7 +1,8 @@
 """The client behind ``dormant launch``, ``send``, ``deliver`` and ``callbacks``.
 
-It checks the ``DORMANT_*`` URLs before connecting, keeps library log lines (and their
-tracebacks) off the terminal unless ``--debug``, and turns a wake that failed after the
+Its settings checked the ``DORMANT_*`` URLs when they were built; it checks the database
+before connecting, keeps library log lines (and their tracebacks) off the terminal unless
+``--debug``, and turns a wake that failed after the
 message was saved into one line instead of a failure: the message is stored and the
 sweeper (``dormant beat``) wakes the thread once the broker is back.
 """
@@ -13,17 +14,13 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from urllib.parse import urlsplit
 
 from dormant.agents import AgentRegistry
 from dormant.cli.errors import debugging, explain, say
 from dormant.client import Client
-from dormant.errors import ConfigurationError
 from dormant.settings import Settings
 
-__all__ = ["CommandClient", "connect_client"]
-
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
+__all__ = ["CommandClient", "connect_client", "cwd_importable"]
 
 
 class CommandClient(Client):
@@ -50,26 +47,17 @@ def connect_client(
     ``DORMANT_AGENTS``) it knows the agents and refuses unknown names."""
     if not debugging():
         logging.basicConfig(handlers=[logging.NullHandler()])
-    _check_url("DORMANT_REDIS_URL", settings.redis_url, _REDIS_SCHEMES)
-    _check_url("DORMANT_BROKER_URL", settings.broker_url, ())
     check_database(settings.database_url)
     module = agents_module or settings.agents_module
     agents = None
     if module:
-        with _cwd_importable():
+        with cwd_importable():
             agents = AgentRegistry.from_module(module)
     return CommandClient.from_settings(settings, agents=agents)
 
 
-def _check_url(name: str, url: str, schemes: tuple[str, ...]) -> None:
-    scheme = urlsplit(url).scheme
-    if not scheme or (schemes and scheme not in schemes):
-        wanted = " or ".join(f"{s}://" for s in schemes) if schemes else "scheme://host"
-        raise ConfigurationError(f"{name}={url!r} is not a URL: use {wanted}")
-
-
 @contextmanager
-def _cwd_importable() -> Iterator[None]:
+def cwd_importable() -> Iterator[None]:
     """Like ``celery -A``: the agents module may live in the current directory."""
     cwd = os.getcwd()
     added = cwd not in sys.path

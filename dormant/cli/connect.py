@@ -13,6 +13,8 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
+from dormant.cli.errors import DATABASE_URL
+
 if TYPE_CHECKING:
     from dormant.client import Client
     from dormant.settings import Settings
@@ -95,6 +97,7 @@ def checked_database_url(url: str) -> str:
         raise ConfigurationError(
             f"unsupported database {redact(url)!r}: use sqlite:// or postgresql://"
         )
+    DATABASE_URL.set(url)
     return url
 
 

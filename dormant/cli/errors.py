@@ -4,13 +4,15 @@ Every command is wrapped in ``reported``; ``explain`` is the one place that turn
 libraries underneath raise (SQLAlchemy, redis, kombu) into dormant's own errors, whose
 messages say what to do. ``dormant --debug`` (or ``DORMANT_DEBUG=1``) shows the traceback.
 
-Exit codes (documented in the README):
+Exit codes (documented in the README and ``dormant --help``):
 
 - 0: done; a message saved while the broker is down is done too (the sweeper wakes it)
 - 1: refused (unknown thread, call or agent; duplicate message; closed thread; bad input)
-- 2: the command line itself is wrong (Click's usage errors)
+- 2: the command line itself is wrong (Click's usage errors): an unknown option, or a bad
+  option value, checked while parsing (``options.py``). Running it again cannot help.
 - 3: the deployment cannot serve the command: a server is unreachable, the database has no
-  schema, a URL or setting is invalid. Nothing was done; running it again later may work.
+  schema or is read-only, a ``DORMANT_*`` setting is invalid, the port is in use. Nothing
+  was done; running it again later may work.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from dormant.errors import (
 )
 
 __all__ = [
+    "DATABASE_URL",
     "DEBUG_FLAG",
     "EXIT_REFUSED",
     "EXIT_UNAVAILABLE",
@@ -130,6 +133,11 @@ def _sqlalchemy(exc: BaseException) -> DormantError | None:
     detail = _first_line(str(exc.orig))
     if _is_missing_table(exc):
         return SchemaMissing(f"the database has no dormant tables ({detail})")
+    if "readonly database" in detail:  # SQLite: the file, or its directory, is not writable
+        return ConfigurationError(
+            f"{_sqlite_file()} is read-only for this user ({detail}): make the file and its "
+            "directory writable (SQLite writes its -wal and -shm files beside it)"
+        )
     if isinstance(exc, OperationalError | InterfaceError):
         return DatabaseUnavailable(detail)
     return None
@@ -142,9 +150,20 @@ def _is_missing_table(exc: Any) -> bool:
     return str(orig).startswith("no such table")  # SQLite
 
 
+def _sqlite_file() -> str:
+    from sqlalchemy.engine import make_url
+
+    url = DATABASE_URL.get()
+    path = make_url(url).database if url else None
+    return f"the SQLite database {path!r}" if path else "the SQLite database"
+
+
 def _first_line(text: str) -> str:
     return text.strip().splitlines()[0] if text.strip() else "(no message)"
 
+
+DATABASE_URL: ContextVar[str | None] = ContextVar("dormant_database_url", default=None)
+"""The database the command opened (``connect.py``), for messages that must name its file."""
 
 DEBUG_FLAG: ContextVar[bool] = ContextVar("dormant_debug_flag", default=False)
 """``dormant --debug``: set by the root command for the invocation it runs."""

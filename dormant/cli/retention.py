@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from dormant.cli.errors import say
+from dormant.cli.options import DatabaseOption, check_age
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -20,8 +21,6 @@ if TYPE_CHECKING:
     from dormant.stores.base import PruneCounts, Store
 
 __all__ = ["prune", "quarantine", "retry"]
-
-DatabaseOption = typer.Option(None, "--database-url", help="Defaults to DORMANT_DATABASE_URL.")
 
 
 def quarantine(
@@ -127,7 +126,10 @@ def _retry_one(store: Store, thread_id: str, message_id: str | None) -> None:
 
 def prune(
     older_than: str = typer.Option(
-        ..., "--older-than", help="Age of what is deleted: 30d, 12h, 2w (s, m, h, d, w)."
+        ...,
+        "--older-than",
+        help="Age of what is deleted: 30d, 12h, 2w (s, m, h, d, w).",
+        callback=check_age,
     ),
     batch: int = typer.Option(500, "--batch", min=1, help="Rows or thread trees per transaction."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Count what would go; delete nothing."),

@@ -2,23 +2,30 @@
 
 It fails like every command (``cli/errors.py``): a setting it cannot start with (no
 ``DORMANT_SECRET_KEY``, a bad ``DORMANT_WEBHOOK_SECRETS``, uvicorn not installed) is one
-``error:`` line and exit code 3, before it listens.
+``error:`` line and exit code 3, before it listens; so is a port it cannot listen on
+(``listen.py``). A ``--port`` out of range is a usage error (exit 2).
 """
 
 from __future__ import annotations
 
+import contextlib
+
 import typer
+
+from dormant.cli.options import port_option
 
 __all__ = ["serve"]
 
 
 def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
-    port: int = typer.Option(8000, help="Port to listen on."),
+    port: int = port_option(8000),
 ) -> None:
     """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS), /healthz, /readyz and the
     thread dashboard at /dormant/ui/ (DORMANT_UI_TOKEN; without it, only on 127.0.0.1)."""
     from dormant.cli.connect import env_settings
+    from dormant.cli.errors import EXIT_UNAVAILABLE, say
+    from dormant.cli.listen import listening_socket
     from dormant.client import Client
     from dormant.errors import ConfigurationError
     from dormant.http.serve import asgi_app
@@ -33,12 +40,13 @@ def serve(
         ) from None
     settings = env_settings().require_secret()
     sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
-    with Client.from_settings(settings) as client:
+    sock = listening_socket(host, port)
+    with sock, Client.from_settings(settings) as client:
         dashboard = serve_dashboard(client, host)
         app = asgi_app(client, WebhookReceiver(client, sources), dashboard)
         # No access log: webhook and callback URLs carry tokens, which must not land in logs.
         # Open streams (SSE) end only with their threads: a stop waits 5 s for them, no more.
-        uvicorn.run(
+        config = uvicorn.Config(
             app,
             host=host,
             port=port,
@@ -47,3 +55,11 @@ def serve(
             access_log=False,
             timeout_graceful_shutdown=5,
         )
+        server = uvicorn.Server(config)
+        # uvicorn logs where it listens only for a socket it bound itself.
+        shown = f"[{host}]" if ":" in host else host
+        say(f"serving on http://{shown}:{sock.getsockname()[1]}/ (press CTRL+C to quit)")
+        with contextlib.suppress(KeyboardInterrupt):  # CTRL+C ends it, as uvicorn.run does
+            server.run(sockets=[sock])
+    if not server.started:
+        raise typer.Exit(EXIT_UNAVAILABLE)  # uvicorn logged why (a failed startup)

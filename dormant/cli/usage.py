@@ -12,19 +12,21 @@ from contextlib import closing
 import typer
 
 from dormant.cli.errors import say
+from dormant.cli.options import DatabaseOption, JsonOption, check_since
 
 __all__ = ["raise_budget", "usage"]
-
-DatabaseOption = typer.Option(None, "--database-url", help="Defaults to DORMANT_DATABASE_URL.")
 
 
 def usage(
     agent: str | None = typer.Option(None, "--agent", help="Only this agent's threads."),
     since: str | None = typer.Option(
-        None, "--since", help="Only slices since then: an age (1h, 30m, 7d) or an ISO time."
+        None,
+        "--since",
+        help="Only slices since then: an age (1h, 30m, 7d) or an ISO time.",
+        callback=check_since,
     ),
     database_url: str | None = DatabaseOption,
-    as_json: bool = typer.Option(False, "--json", help="Print JSON on stdout instead of text."),
+    as_json: bool = JsonOption,
 ) -> None:
     """Model usage per agent from the ledger: completions, tokens in/out/cached, cost.
 
@@ -49,10 +51,17 @@ def usage(
 
 def raise_budget(
     thread_id: str,
-    max_tokens: int | None = typer.Option(None, "--max-tokens", min=1),
-    max_cost: float | None = typer.Option(None, "--max-cost", min=0),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", min=1, help="Tokens in + out, the whole tree."
+    ),
+    max_cost: float | None = typer.Option(
+        None, "--max-cost", min=0, help="Cost in the prices' currency, the whole tree."
+    ),
     max_completions_per_message: int | None = typer.Option(
-        None, "--max-completions-per-message", min=1
+        None,
+        "--max-completions-per-message",
+        min=1,
+        help="A thread's own completions per user text.",
     ),
     database_url: str | None = DatabaseOption,
 ) -> None:

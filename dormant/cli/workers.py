@@ -12,24 +12,51 @@ from typing import Annotated
 
 import typer
 
+from dormant.cli.options import check_agents
 from dormant.settings import Settings
 
 __all__ = ["beat", "worker"]
 
 _DEFAULT_QUEUES = "dormant.interactive,dormant.background,dormant.tools"
+_LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "fatal")
+
+
+def _log_level(value: str) -> str:
+    """Celery's levels, refused while parsing: Celery itself would fail after starting."""
+    if value.lower() not in _LOG_LEVELS:
+        raise typer.BadParameter(f"{value!r} is not a log level: use {', '.join(_LOG_LEVELS)}")
+    return value.lower()
+
+
+def _queue_list(value: str) -> str:
+    if not [q for q in value.split(",") if q.strip()]:
+        raise typer.BadParameter("name at least one queue, e.g. dormant.interactive")
+    return value
+
+
+LogLevelOption = typer.Option(
+    "--loglevel", "-l", callback=_log_level, help=f"Celery's: {', '.join(_LOG_LEVELS)}."
+)
 
 
 def worker(
     agents: Annotated[
-        str, typer.Option("--agents", help="Module defining the agents, e.g. myapp.agents.")
+        str,
+        typer.Option(
+            "--agents", callback=check_agents, help="Module defining the agents, e.g. myapp.agents."
+        ),
     ] = "",
     concurrency: Annotated[
-        int, typer.Option("--concurrency", "-c", help="Worker threads (slices wait on I/O).")
+        int,
+        typer.Option("--concurrency", "-c", min=1, help="Worker threads (slices wait on I/O)."),
     ] = 8,
     queues: Annotated[
-        str, typer.Option("--queues", "-Q", help="Comma-separated queues to consume.")
+        str,
+        typer.Option(
+            "--queues", "-Q", callback=_queue_list, help="Comma-separated queues to consume."
+        ),
     ] = _DEFAULT_QUEUES,
-    loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info",
+    loglevel: Annotated[str, LogLevelOption] = "info",
     hostname: Annotated[
         str,
         typer.Option(
@@ -55,7 +82,7 @@ def worker(
         raise typer.Exit(code)  # a lost worker exits non-zero, so supervisors restart it
 
 
-def beat(loglevel: Annotated[str, typer.Option("--loglevel", "-l")] = "info") -> None:
+def beat(loglevel: Annotated[str, LogLevelOption] = "info") -> None:
     """Run Celery beat: fires timers and re-drives stranded work (one per deployment)."""
     from dormant.celery.worker_process import run_beat
 

@@ -19,6 +19,11 @@ The rules (DESIGN section 5):
   every pending call is answered; a batch that does not settle the call flushes nothing.
 - An event that arrives while only passive calls (sleep, wait_for_event) are pending wakes
   the thread: those calls are answered first.
+- A message a tool scheduled (``ToolContext.schedule``, a timer whose message id starts
+  with ``SCHEDULED``) is an event on its call when due. On a subscription it is like any
+  event; on a plain or deferred call, already answered (or interrupted), it is shown inline,
+  as an ``EventShown`` on that call, and never changes the call's state: the tool asked
+  for it to reach the model, so it is not refused as a second result.
 - User text interrupts every pending call, then is appended.
 - Messages for unknown calls, cancelled subscriptions or a closed thread are rejected.
 """
@@ -44,6 +49,7 @@ from dormant.stores.base import CallRecord, CallState, InboxRow, ThreadInfo, Thr
 
 __all__ = [
     "INTERRUPTED",
+    "SCHEDULED",
     "Applied",
     "EventSpawn",
     "answered_reason",
@@ -55,6 +61,8 @@ __all__ = [
 
 INTERRUPTED = "interrupted by the user"
 WOKEN_BY_EVENT = "woken up: an event arrived"
+SCHEDULED = "schedule:"
+"""The message id prefix of a timer a tool set with ``ToolContext.schedule``."""
 
 
 def new_call_id() -> str:
@@ -150,6 +158,8 @@ class _Rules:
                 self._append(row, UserText(text=text))
             case ToolResultMessage() as result:
                 self._result(row, result)
+            case EventMessage(call_id=call_id, content=content) if self._scheduled(row, call_id):
+                self._event(row, call_id, content, final=False, scheduled=True)
             case EventMessage(call_id=call_id, content=content, final=final, associative=inline):
                 self._event(row, call_id, content, final=final, threaded=not inline)
             case ChildReport(call_id=call_id, content=content, final=final):
@@ -190,8 +200,22 @@ class _Rules:
             case CallState.ANSWERED:
                 self._reject(row, answered_reason(self.thread_id, call.call_id))
 
+    def _scheduled(self, row: InboxRow, call_id: str) -> bool:
+        """A due ``ToolContext.schedule`` message on a call that is no subscription."""
+        if not row.message_id.startswith(SCHEDULED):
+            return False
+        call = self.out.calls.get(call_id)
+        return call is not None and not call.subscription
+
     def _event(
-        self, row: InboxRow, call_id: str, content: str, *, final: bool, threaded: bool = False
+        self,
+        row: InboxRow,
+        call_id: str,
+        content: str,
+        *,
+        final: bool,
+        threaded: bool = False,
+        scheduled: bool = False,
     ) -> None:
         call = self._call(row, call_id)
         if call is None:
@@ -199,7 +223,7 @@ class _Rules:
         if call.state is CallState.CANCELLED:
             self._reject(row, f"subscription {call_id!r} is no longer active")
             return
-        if call.state is CallState.ANSWERED and not call.subscription:
+        if call.state is CallState.ANSWERED and not call.subscription and not scheduled:
             self._reject(row, f"call {call_id!r} is not a subscription and is already answered")
             return
         if threaded and call.state is not CallState.PENDING:
@@ -213,7 +237,7 @@ class _Rules:
             self.out.deferred.append(row)
             return
         self._wake_passive()
-        if call.state is CallState.INTERRUPTED:
+        if call.state is CallState.INTERRUPTED and not scheduled:
             # A late first result: from now on the call is answered (or a live subscription).
             self.out.set_state(
                 call, CallState.SUBSCRIBED if call.subscription else CallState.ANSWERED
