@@ -15,7 +15,7 @@ from typing import Any
 from dormant.errors import ConfigurationError
 from dormant.rate_limit import RateLimit
 
-__all__ = ["ENV_NAMES", "Settings"]
+__all__ = ["ENV_NAMES", "Settings", "redact"]
 
 ENV_NAMES = {
     "database_url": "DORMANT_DATABASE_URL",
@@ -314,12 +314,12 @@ def _check_scheme(var: str, url: str, schemes: tuple[str, ...]) -> None:
         if not sep or scheme.lower() not in schemes:
             accepted = ", ".join(f"{s}://" for s in schemes)
             raise ConfigurationError(
-                f"{var}={_redacted(part.strip())!r} is not a usable URL: use {accepted}"
+                f"{var}={redact(part.strip())!r} is not a usable URL: use {accepted}"
             )
 
 
-def _redacted(url: str) -> str:
-    """``url`` without its password, for a message."""
+def redact(url: str) -> str:
+    """``url`` without its password, for a message or a printout."""
     head, at, tail = url.rpartition("@")
     if not at:
         return url

@@ -175,17 +175,9 @@ def _check_upgrade(agents_module: str | None, database_url: str | None, as_json:
     agents = AgentRegistry.from_module(module)
     with closing(open_store(database_url)) as store:
         problems = list(check_upgrade(store, agents))
-    if as_json:
-        _print_json(
-            [{"thread_id": p.thread_id, "kind": p.kind, "detail": p.detail} for p in problems]
-        )
-    else:
-        for problem in problems:
-            typer.echo(str(problem))
-        found = f"{len(problems)} problem(s) for {module}" if problems else "no problems found"
-        typer.echo(f"{found} in the open threads")
-    if problems:
-        raise typer.Exit(1)
+    found = f"{len(problems)} problem(s) for {module}" if problems else "no problems found"
+    records = [{"thread_id": p.thread_id, "kind": p.kind, "detail": p.detail} for p in problems]
+    _report(records, [str(p) for p in problems], f"{found} in the open threads", as_json)
 
 
 @app.command()
@@ -220,15 +212,20 @@ def check(
         raise typer.BadParameter("--agents goes with --upgrade", param_hint="--agents")
     with closing(open_store(database_url)) as store:
         problems = check_store(store, grace_s=grace_s)
+    records = [{"thread_id": p.thread_id, "rule": p.rule, "detail": p.detail} for p in problems]
+    found = f"{len(problems)} problem(s) found" if problems else "no problems found"
+    _report(records, [str(p) for p in problems], found, as_json)
+
+
+def _report(records: list[dict[str, str]], lines: list[str], summary: str, as_json: bool) -> None:
+    """A check's findings, as lines and a summary or as JSON; exit 1 if there are any."""
     if as_json:
-        _print_json(
-            [{"thread_id": p.thread_id, "rule": p.rule, "detail": p.detail} for p in problems]
-        )
+        _print_json(records)
     else:
-        for problem in problems:
-            typer.echo(str(problem))
-        typer.echo(f"{len(problems)} problem(s) found" if problems else "no problems found")
-    if problems:
+        for line in lines:
+            typer.echo(line)
+        typer.echo(summary)
+    if records:
         raise typer.Exit(1)
 
 

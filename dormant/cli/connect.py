@@ -14,6 +14,7 @@ from contextvars import ContextVar
 from typing import TYPE_CHECKING
 
 from dormant.cli.errors import DATABASE_URL
+from dormant.settings import redact
 
 if TYPE_CHECKING:
     from dormant.client import Client
@@ -117,13 +118,3 @@ def check_database(url: str) -> None:
         return  # SQLite URI filenames (mode=ro...) say themselves what may be created
     if not Path(path).is_file():
         raise SchemaMissing(f"there is no SQLite database at {path!r}")
-
-
-def redact(url: str) -> str:
-    """The URL without its password, for printing."""
-    head, at, tail = url.rpartition("@")
-    if not at:
-        return url
-    scheme, _, credentials = head.partition("://")
-    user, colon, _ = credentials.partition(":")
-    return f"{scheme}://{user}{':***' if colon else ''}@{tail}"
