@@ -35,8 +35,12 @@ def test_the_guarantees_page_names_tests() -> None:
     assert len(re.findall(r"`(test_\w+)`", (ROOT / "docs" / "guarantees.md").read_text())) > 10
 
 
-def test_the_tools_page_schedule_snippet_shows_the_message_to_the_model() -> None:
-    """docs/tools.md: a plain tool's ``ctx.schedule`` reaches the model when due."""
+def test_the_tools_page_schedule_snippet_shows_the_message_to_the_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/tools.md: a plain tool's ``ctx.schedule`` reaches the model when due (run in a
+    folder of its own: its ``sqlite:///dormant.db`` must not be the checkout's)."""
+    monkeypatch.chdir(tmp_path)
     doc = ROOT / "docs" / "tools.md"
     blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), re.DOTALL)
     snippet = next(b for b in blocks if "ctx.schedule" in b)
