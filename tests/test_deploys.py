@@ -498,3 +498,34 @@ def test_dormant_retry_status_stalled_re_drives_every_stalled_thread_of_an_agent
         assert system.thread(other).status is ThreadStatus.STALLED
     both = CliRunner().invoke(app, ["retry", ops[0], "--status", "stalled", "--database-url", url])
     assert both.exit_code == 2 and "not both" in both.output
+
+
+def test_a_thread_newer_code_ran_never_goes_back_to_older_code_while_the_newer_is_up() -> None:
+    """A rolling deploy: once a v2 worker ran a thread's turn, the v1 worker still up
+    leaves its next turns to v2 (its turns never alternate); a thread only v1 ran yet is
+    still v1's to run, and moves to v2 at its next v2 turn."""
+    from dormant.runtime.slice import run_slice
+
+    v1 = Agent("triage", model=ScriptedModel(lambda _items: reply("v1")), version="v1")
+    v2 = Agent("triage", model=ScriptedModel(lambda _items: reply("v2")), version="v2")
+    h = Harness(v2)
+    old = _roster(h, v1)  # deployed first
+    h.deps = replace(h.deps, whereabouts=_roster(h, v2))
+    old_deps = replace(h.deps, agents=AgentRegistry([v1]), whereabouts=old)
+
+    moved = h.launch("triage", "hello")
+    assert isinstance(h.step(moved), Idle) and h.store.thread(moved).code_version == "v2"
+    h.send(moved, "and again")
+    left = run_slice(moved, old_deps)
+    assert isinstance(left, Left) and "version v2 ran it last" in left.why
+    assert isinstance(h.step(moved), Idle)
+    assert [i.text for i in h.history(moved)[1::2]] == ["v2", "v2"]  # type: ignore[attr-defined]
+
+    untouched = h.launch("triage", "hello")
+    assert isinstance(run_slice(untouched, old_deps), Idle)
+    assert h.store.thread(untouched).code_version == "v1"
+    h.send(untouched, "and again")
+    assert isinstance(h.step(untouched), Idle)
+    assert h.store.thread(untouched).code_version == "v2"
+    h.send(untouched, "once more")
+    assert isinstance(run_slice(untouched, old_deps), Left), "never back to v1"

@@ -80,7 +80,7 @@ from dormant.runtime.outcomes import (
 from dormant.runtime.quarantine import isolate, poison
 from dormant.runtime.turn import Turn
 from dormant.runtime.watch import SliceWatch
-from dormant.runtime.whereabouts import Elsewhere, leave, locate_agent
+from dormant.runtime.whereabouts import Elsewhere, leave, locate_agent, newer_code
 from dormant.stores.base import (
     InboxRow,
     Priority,
@@ -245,6 +245,9 @@ class _Slice(SliceWatch, SliceCommit):
             if isinstance(where, Elsewhere):
                 return leave(deps, self.thread_id, where.why), None
             return self._failed(snap.thread.failures, where.why, stall_after=1), None
+        newer = newer_code(deps, snap, agent.fingerprint)
+        if newer is not None:
+            return leave(deps, self.thread_id, newer.why), None
         self.steering = agent.steering == "interrupt"
         applied = apply_inbox(snap.thread, snap.calls, snap.inbox)
         turn = Turn(snap.next_seq, code_version=agent.fingerprint)

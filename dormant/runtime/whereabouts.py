@@ -36,7 +36,16 @@ from dormant.tools.builtins import BUILTINS, THREAD_TOOLS
 if TYPE_CHECKING:
     from dormant.runtime.deps import SliceDeps
 
-__all__ = ["Elsewhere", "Gone", "Whereabouts", "card_of", "leave", "locate", "locate_agent"]
+__all__ = [
+    "Elsewhere",
+    "Gone",
+    "Whereabouts",
+    "card_of",
+    "leave",
+    "locate",
+    "locate_agent",
+    "newer_code",
+]
 
 log = logging.getLogger("dormant.roster")
 
@@ -211,6 +220,26 @@ class Whereabouts:
             gone_after_s=self.gone_after_s,
         )
 
+    def newer(self, agent: str, version: str, now: datetime | None = None) -> Elsewhere | None:
+        """``Elsewhere`` when a worker deployed after this one runs ``agent`` at
+        ``version`` (the one a thread was last run by) and is live: a thread that newer
+        code has run never goes back to older code while the newer is up."""
+        now = now or datetime.now(UTC)
+        live_since = now - timedelta(seconds=self.live_s)
+        for card in self._read(now):
+            have = card.agents.get(agent)
+            if (
+                have is not None
+                and have.version == version
+                and card.seen_at >= live_since
+                and card.started_at > self.card.started_at
+            ):
+                why = (
+                    f"agent {agent!r} version {version} ran it last; worker {card.worker_id} has it"
+                )
+                return Elsewhere(why)
+        return None
+
     def _read(self, now: datetime) -> list[WorkerCard]:
         with self._lock:
             cached = self._roster
@@ -229,6 +258,17 @@ def locate_agent(deps: SliceDeps, snap: Snapshot, missing: UnknownAgent) -> Else
         return Gone(f"{missing} in this worker")
     waiting_since = min((row.created_at for row in snap.inbox), default=snap.thread.updated_at)
     return deps.whereabouts.locate(snap.thread.agent, None, waiting_since, deps.clock())
+
+
+def newer_code(deps: SliceDeps, snap: Snapshot, fingerprint: str) -> Elsewhere | None:
+    """Whether the thread in ``snap`` was last run by a newer version of its agent than
+    this process's (``fingerprint``) that a live worker deployed after this one has: then
+    the slice is left to it, so a thread's turns never alternate between old and new code
+    during a rolling deploy. Only asked when the versions differ (rare outside a deploy)."""
+    last = snap.thread.code_version
+    if deps.whereabouts is None or not last or last == fingerprint:
+        return None
+    return deps.whereabouts.newer(snap.thread.agent, last, deps.clock())
 
 
 def leave(deps: SliceDeps, thread_id: str, why: str) -> Left:
