@@ -14,6 +14,7 @@ loaded machine, and every transaction is run again if SQLite still reports it bu
 from __future__ import annotations
 
 import copy
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -25,7 +26,7 @@ from sqlalchemy import Connection, Engine, case, literal_column, select, tuple_,
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
-from dormant.errors import DuplicateMessage, UnknownCall, UnknownThread
+from dormant.errors import DuplicateMessage, SchemaMismatch, UnknownCall, UnknownThread
 from dormant.messages import Inbound
 from dormant.stores.base import (
     CallRecord,
@@ -42,6 +43,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.lineage import next_seq, visible_history
+from dormant.stores.outages import unreachable_server
 from dormant.stores.sql import statements as rows
 from dormant.stores.sql.claims import SQLClaims
 from dormant.stores.sql.direct import direct_transaction, run, run_many
@@ -60,16 +62,21 @@ from dormant.stores.sql.rows import (
 )
 from dormant.stores.sql.sends import insert_checked
 from dormant.stores.sql.tables import as_utc, schema
+from dormant.stores.sql.versions import (
+    VERSION_TABLE,
+    check_version,
+    known_revisions,
+    stored_version,
+)
 
 if TYPE_CHECKING:
     from alembic.config import Config
 
+log = logging.getLogger("dormant.sql")
+
 __all__ = ["MIGRATIONS_DIR", "VERSION_TABLE", "SQLStore", "make_engine", "upgrade"]
 
 MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
-VERSION_TABLE = "dormant_alembic_version"
-"""Not ``alembic_version``: an application's own migrations may share the database. With a
-table prefix it is prefixed too (``myapp_dormant_alembic_version``)."""
 
 
 def _now() -> datetime:
@@ -104,6 +111,10 @@ def _migrate(engine: Engine, table_prefix: str = "") -> None:
     # processes opening a new file at once then run one after the other (the second finds
     # the tables made), as PostgreSQL's advisory lock in env.py makes them there.
     with engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"}).begin() as conn:
+        found = stored_version(conn, table_prefix)
+        if found is not None and found not in known_revisions():
+            # Alembic would say only "Can't locate revision identified by '0011'".
+            raise SchemaMismatch(found, known_revisions()[-1], ahead=True)
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
@@ -127,7 +138,8 @@ class SQLStore(SQLRetention, SQLClaims):
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
     file and server databases are migrated by ``upgrade()``. ``table_prefix`` selects the
     tables (``Settings.table_prefix``): stores with different prefixes share a database
-    without seeing each other.
+    without seeing each other. Before its first transaction the store checks, once, that
+    the database's schema is the one it was written for (``check_schema``).
     """
 
     def __init__(self, database_url: str, *, echo: bool = False, table_prefix: str = "") -> None:
@@ -143,10 +155,35 @@ class SQLStore(SQLRetention, SQLClaims):
         self._writer: AbstractContextManager[Any] = (
             threading.Lock() if sqlite_file else nullcontext()
         )
+        self._table_prefix = table_prefix
+        self._schema_checked = memory  # nobody else reaches it: migrated here, to head
         if memory:
             _migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
         self._items = ItemCache()
+
+    def check_schema(self, *, unreachable_ok: bool = False) -> SchemaMismatch | None:
+        """Refuse a database whose schema is older than this dormant's, or absent
+        (``SchemaMismatch``, ``SchemaMissing``), with one query the first time, none after;
+        a newer one is returned the first time, for the caller to say (``versions.py``).
+        ``unreachable_ok``: a database that cannot be reached now is left to be checked at
+        the first transaction, so a process starting during an outage still starts."""
+        if self._schema_checked:
+            return None
+        try:
+            with self._serial, self._engine.connect() as conn:
+                ahead = check_version(conn, self._table_prefix)
+        except Exception as error:
+            if unreachable_ok and unreachable_server(error) == "the database":
+                return None
+            raise
+        self._schema_checked = True
+        return ahead
+
+    def _check_schema_and_say(self) -> None:
+        ahead = self.check_schema()
+        if ahead is not None:
+            log.warning("%s", ahead)
 
     def on_connection(self, connection: Connection) -> SQLStore:
         """This store writing on the caller's connection, inside the caller's transaction:
@@ -166,6 +203,8 @@ class SQLStore(SQLRetention, SQLClaims):
         PostgreSQL reads agree with each other. ``direct`` (for a body that runs only
         ``direct.py`` statements) opens it on the driver connection, without SQLAlchemy's
         per-transaction work: the connection is then not a real ``Connection``."""
+        if not self._schema_checked:
+            self._check_schema_and_say()
         if self._caller is not None:
             self._caller.execution_options(**{SCHEMA_OPTION: self._schema})
             with self._caller.begin_nested():
@@ -300,6 +339,7 @@ class SQLStore(SQLRetention, SQLClaims):
         values = inbox_values(thread_id, message_id, message, priority, _now())
         try:
             if self._postgres and self._caller is None:  # one round trip: sends.py
+                self._check_schema_and_say()
                 found = insert_checked(
                     self._engine, self._schema, values, message, max_open, answered_ok
                 )
