@@ -64,7 +64,8 @@ class Verdict:
 
     @property
     def recovered_in_time(self) -> bool:
-        return self.recovery_s is not None and self.recovery_s <= self.recovery_bound_s
+        """Quiet within the bound (a run that never quiesced is already stuck)."""
+        return self.recovery_s is None or self.recovery_s <= self.recovery_bound_s
 
     @property
     def ok(self) -> bool:

@@ -43,7 +43,8 @@ class Client(BaseClient):
     """Launch, send, deliver and read threads of a Celery deployment.
 
     ``Client.from_env()`` reads ``DORMANT_DATABASE_URL``, ``DORMANT_BROKER_URL`` and
-    ``DORMANT_REDIS_URL``; the database must already be migrated (``dormant db upgrade``).
+    ``DORMANT_REDIS_URL``; the database must already be migrated (``dormant db upgrade``):
+    on an older schema the client refuses to be built (``SchemaMismatch``).
     """
 
     def __init__(
