@@ -9,9 +9,10 @@ worker logs one line, no traceback: it is an expected outcome. A model failure w
 backoff is retried by Celery with that countdown. ``dormant.tool(...)`` runs
 ``execute_outbox`` and returns what the run did (``done``, ``started; result pending via
 callback``, ``error: ...``); a claim on its row that meets an unreachable database is
-retried by Celery with backoff (``claim_backoff_s``), not dropped for the sweeper to find. ``dormant.sweep()`` runs one sweep turn without task events:
-beat sweeps itself now (``celery/beat_sweep.py``) and sends no such task; it stays for a
-beat of an earlier release during a rolling upgrade. A test crash point kills the worker
+retried by Celery with backoff (``claim_backoff_s``), not dropped for the sweeper to find.
+``dormant.sweep()`` runs one sweep turn without task events: beat sweeps itself now
+(``celery/beat_sweep.py``) and sends no such task; it stays for a beat of an earlier
+release during a rolling upgrade. A test crash point kills the worker
 process with SIGKILL, so tests exercise real deaths: the unacknowledged task and the lease
 are left behind.
 """

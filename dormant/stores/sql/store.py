@@ -14,7 +14,6 @@ loaded machine, and every transaction is run again if SQLite still reports it bu
 from __future__ import annotations
 
 import copy
-import logging
 import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -26,7 +25,7 @@ from sqlalchemy import Connection, Engine, case, literal_column, select, tuple_,
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
-from dormant.errors import DuplicateMessage, SchemaMismatch, UnknownCall, UnknownThread
+from dormant.errors import DuplicateMessage, UnknownCall, UnknownThread
 from dormant.messages import Inbound
 from dormant.stores.base import (
     CallRecord,
@@ -43,7 +42,6 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.lineage import next_seq, visible_history
-from dormant.stores.outages import unreachable_server
 from dormant.stores.sql import statements as rows
 from dormant.stores.sql.claims import SQLClaims
 from dormant.stores.sql.direct import direct_transaction, run, run_many
@@ -62,17 +60,10 @@ from dormant.stores.sql.rows import (
 )
 from dormant.stores.sql.sends import insert_checked
 from dormant.stores.sql.tables import as_utc, schema
-from dormant.stores.sql.versions import (
-    VERSION_TABLE,
-    check_version,
-    known_revisions,
-    stored_version,
-)
+from dormant.stores.sql.versions import VERSION_TABLE, SchemaCheck, refuse_unknown
 
 if TYPE_CHECKING:
     from alembic.config import Config
-
-log = logging.getLogger("dormant.sql")
 
 __all__ = ["MIGRATIONS_DIR", "VERSION_TABLE", "SQLStore", "make_engine", "upgrade"]
 
@@ -111,10 +102,7 @@ def _migrate(engine: Engine, table_prefix: str = "") -> None:
     # processes opening a new file at once then run one after the other (the second finds
     # the tables made), as PostgreSQL's advisory lock in env.py makes them there.
     with engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"}).begin() as conn:
-        found = stored_version(conn, table_prefix)
-        if found is not None and found not in known_revisions():
-            # Alembic would say only "Can't locate revision identified by '0011'".
-            raise SchemaMismatch(found, known_revisions()[-1], ahead=True)
+        refuse_unknown(conn, table_prefix)  # Alembic: "Can't locate revision '0011'"
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
@@ -132,7 +120,7 @@ def upgrade(database_url: str, *, table_prefix: str = "") -> None:
 # The store ---------------------------------------------------------------------------
 
 
-class SQLStore(SQLRetention, SQLClaims):
+class SQLStore(SQLRetention, SQLClaims, SchemaCheck):
     """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
 
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
@@ -161,29 +149,6 @@ class SQLStore(SQLRetention, SQLClaims):
             _migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
         self._items = ItemCache()
-
-    def check_schema(self, *, unreachable_ok: bool = False) -> SchemaMismatch | None:
-        """Refuse a database whose schema is older than this dormant's, or absent
-        (``SchemaMismatch``, ``SchemaMissing``), with one query the first time, none after;
-        a newer one is returned the first time, for the caller to say (``versions.py``).
-        ``unreachable_ok``: a database that cannot be reached now is left to be checked at
-        the first transaction, so a process starting during an outage still starts."""
-        if self._schema_checked:
-            return None
-        try:
-            with self._serial, self._engine.connect() as conn:
-                ahead = check_version(conn, self._table_prefix)
-        except Exception as error:
-            if unreachable_ok and unreachable_server(error) == "the database":
-                return None
-            raise
-        self._schema_checked = True
-        return ahead
-
-    def _check_schema_and_say(self) -> None:
-        ahead = self.check_schema()
-        if ahead is not None:
-            log.warning("%s", ahead)
 
     def on_connection(self, connection: Connection) -> SQLStore:
         """This store writing on the caller's connection, inside the caller's transaction:

@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import functools
 import logging
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any
 
-from sqlalchemy import Connection, text
+from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DBAPIError
 
 from dormant.errors import SchemaMismatch, SchemaMissing
@@ -24,9 +26,11 @@ from dormant.stores.sql.engine import make_engine
 
 __all__ = [
     "VERSION_TABLE",
+    "SchemaCheck",
     "check_version",
     "known_revisions",
     "refuse_another_schema",
+    "refuse_unknown",
     "schema_head",
     "stored_version",
 ]
@@ -84,6 +88,47 @@ def check_version(conn: Connection, table_prefix: str) -> SchemaMismatch | None:
     if not mismatch.ahead:
         raise mismatch
     return mismatch
+
+
+def refuse_unknown(conn: Connection, table_prefix: str) -> None:
+    """Before a migration: refuse a schema this dormant does not know (a later release's),
+    which Alembic would report only as a revision it cannot locate."""
+    found = stored_version(conn, table_prefix)
+    if found is not None and found not in known_revisions():
+        raise SchemaMismatch(found, schema_head(), ahead=True)
+
+
+class SchemaCheck:
+    """``SQLStore``'s check of its database's schema, made once, before its first
+    transaction (``_tx`` calls ``_check_schema_and_say`` until it passed)."""
+
+    _engine: Engine
+    _serial: AbstractContextManager[Any]
+    _table_prefix: str
+    _schema_checked: bool
+
+    def check_schema(self, *, unreachable_ok: bool = False) -> SchemaMismatch | None:
+        """Refuse a database whose schema is older than this dormant's, or absent
+        (``SchemaMismatch``, ``SchemaMissing``), with one query the first time, none after;
+        a newer one is returned the first time, for the caller to say. ``unreachable_ok``:
+        a database that cannot be reached now is left to be checked at the first
+        transaction, so a process starting during an outage still starts."""
+        if self._schema_checked:
+            return None
+        try:
+            with self._serial, self._engine.connect() as conn:
+                ahead = check_version(conn, self._table_prefix)
+        except Exception as error:
+            if unreachable_ok and unreachable_server(error) == "the database":
+                return None
+            raise
+        self._schema_checked = True
+        return ahead
+
+    def _check_schema_and_say(self) -> None:
+        ahead = self.check_schema()
+        if ahead is not None:
+            log.warning("%s", ahead)
 
 
 def refuse_another_schema(database_url: str, table_prefix: str) -> None:
