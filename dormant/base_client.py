@@ -78,9 +78,9 @@ def new_thread_id() -> str:
 def _refuse_another_schema(store: Store) -> None:
     """A client on a SQL store whose schema is not this dormant's refuses to be built,
     rather than fail at its first write with "no such column" (``SQLStore.check_schema``);
-    a database unreachable now is checked at the first transaction instead."""
+    a database unreachable now, or not yet migrated, is checked at the first transaction."""
     check = getattr(store, "check_schema", None)  # the SQL store's; others have no schema
-    ahead = check(unreachable_ok=True) if check is not None else None
+    ahead = check(at_start=True) if check is not None else None
     if ahead is not None:  # as during a rolling upgrade: said, not refused
         log.warning("%s", ahead)
 

@@ -132,7 +132,7 @@ class Client(BaseClient):
             settings.database_url, TaskLabels(), table_prefix=settings.table_prefix
         )
         try:  # before Redis and the broker: nothing else to close if it refuses
-            ahead = store.check_schema(unreachable_ok=True)
+            ahead = store.check_schema(at_start=True)
         except Exception:
             store.close()
             raise

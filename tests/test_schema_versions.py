@@ -258,3 +258,19 @@ def test_a_store_reads_the_schema_version_once_for_all_its_transactions(
         assert len(reads) == 1
     finally:
         store.close()
+
+
+def test_a_client_is_built_before_the_first_migration_and_refused_at_its_first_write(
+    empty_url: str,
+) -> None:
+    settings = Settings.from_env({}, database_url=empty_url)
+    store = SQLStore(empty_url)
+    events = RedisEvents(redis_client(settings), "versions", ttl_s=60.0)  # never reached
+    try:
+        client = Client(store, MemoryDedup(), settings, waker=lambda *_: True, events=events)
+        with pytest.raises(ConfigurationError, match="no dormant tables"):
+            client.threads()
+        upgrade(empty_url)  # the application migrates after it started: the client works
+        assert client.threads() == []
+    finally:
+        store.close()

@@ -107,19 +107,26 @@ class SchemaCheck:
     _table_prefix: str
     _schema_checked: bool
 
-    def check_schema(self, *, unreachable_ok: bool = False) -> SchemaMismatch | None:
+    def check_schema(self, *, at_start: bool = False) -> SchemaMismatch | None:
         """Refuse a database whose schema is older than this dormant's, or absent
         (``SchemaMismatch``, ``SchemaMissing``), with one query the first time, none after;
-        a newer one is returned the first time, for the caller to say. ``unreachable_ok``:
-        a database that cannot be reached now is left to be checked at the first
-        transaction, so a process starting during an outage still starts."""
+        a newer one is returned the first time, for the caller to say.
+
+        ``at_start`` (a client being built): a database unreachable now, or without
+        dormant's tables yet (created by ``dormant db upgrade`` after the application
+        started, as tests and first deployments do), is let through and checked again at
+        the first transaction; only a schema of another version refuses the start."""
         if self._schema_checked:
             return None
         try:
             with self._serial, self._engine.connect() as conn:
                 ahead = check_version(conn, self._table_prefix)
+        except SchemaMissing:
+            if at_start:
+                return None
+            raise
         except Exception as error:
-            if unreachable_ok and unreachable_server(error) == "the database":
+            if at_start and unreachable_server(error) == "the database":
                 return None
             raise
         self._schema_checked = True
