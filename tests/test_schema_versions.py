@@ -156,6 +156,18 @@ def test_a_celery_worker_on_a_schema_behind_refuses_to_start(
     assert "ready." not in ran.err  # it never started consuming
 
 
+def test_a_celery_beat_on_a_schema_behind_refuses_to_start(cwd: Path, behind_url: str) -> None:
+    ran = run(
+        cwd,
+        *("-A", "dormant.worker", "beat", "-s", str(cwd.parent / "beat-schedule")),
+        program=CELERY,
+        DORMANT_DATABASE_URL=behind_url,
+    )
+    assert ran.code != 0 and "Traceback" not in ran.err
+    # Beat logs it as a line of its own: "[<time>: WARNING/MainProcess] error: ...".
+    assert ran.err.strip().splitlines()[-1].endswith(f"] error: {BEHIND_SAYS}")
+
+
 def test_db_upgrade_brings_a_schema_behind_to_head_and_the_commands_work_again(
     cwd: Path, behind_url: str
 ) -> None:

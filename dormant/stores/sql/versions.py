@@ -118,6 +118,8 @@ class SchemaCheck:
         the first transaction; only a schema of another version refuses the start."""
         if self._schema_checked:
             return None
+        if at_start and _no_sqlite_file_yet(self._engine):
+            return None  # connecting would create it, empty: the first write does that
         try:
             with self._serial, self._engine.connect() as conn:
                 ahead = check_version(conn, self._table_prefix)
@@ -155,6 +157,14 @@ def refuse_another_schema(database_url: str, table_prefix: str) -> None:
         engine.dispose()
     if ahead is not None:
         log.warning("%s", ahead)
+
+
+def _no_sqlite_file_yet(engine: Engine) -> bool:
+    url = engine.url
+    path = url.database or ""
+    if url.get_backend_name() != "sqlite" or path in ("", ":memory:") or url.query:
+        return False  # a server, memory, or a URI filename (mode=...): it says what it wants
+    return not Path(path).exists()
 
 
 def _is_missing_table(error: DBAPIError) -> bool:
