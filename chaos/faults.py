@@ -16,6 +16,7 @@ import redis
 from chaos.agents import READY
 from chaos.proxy import DROPPABLE, BrokerProxy
 from chaos.services import OwnPostgres, OwnRedis
+from dormant.settings import Settings
 
 __all__ = ["DROP", "FAULT_KINDS", "Cluster", "fault_schedule"]
 
@@ -145,7 +146,7 @@ class Cluster:
                 self.redis_server.restart()
             case "redis paused":
                 # Longer than the lease TTL: leases expire while their holders cannot renew.
-                lease_s = float(self.env["DORMANT_LEASE_TTL_S"])
+                lease_s = Settings.from_env(self.env).lease_ttl_s
                 self.redis_server.pause()
                 time.sleep(lease_s + self.rng.uniform(0.3, 1.0))
                 self.redis_server.resume()

@@ -10,8 +10,9 @@ faults of every kind in a seeded order (printed): worker and beat SIGKILLs (rest
 Redis FLUSHALL, Redis killed and restarted, Redis paused longer than the lease TTL,
 PostgreSQL crashed (``pg_ctl -m immediate``) and restarted, the broker losing a published
 task. Then it waits for the system to quiesce, runs ``check_store`` and prints faults by
-kind, messages sent, slices run, lost, duplicated, stuck, broken and the time to quiesce; it
-exits 1 on any violation.
+kind, messages sent, slices run, lost, duplicated, stuck, broken and the recovery time (from
+the end of the last fault to quiescence); it exits 1 on any violation, or if the recovery
+took longer than ``--recovery-bound-s`` (30 s).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from chaos.agents import CALLBACKS, SLICES, SUBSCRIPTIONS, TOOL_RUNS
 from chaos.faults import Cluster, fault_schedule
 from chaos.proxy import BrokerProxy
 from chaos.services import OwnPostgres, OwnRedis, available
-from chaos.verdict import Verdict, judge
+from chaos.verdict import RECOVERY_BOUND_S, Verdict, judge
 
 ROOT = Path(__file__).resolve().parent.parent
 CALL_GIVE_UP_S = 120.0
@@ -59,16 +60,15 @@ T = TypeVar("T")
 
 CHAOS_SETTINGS = {
     "DORMANT_LEASE_TTL_S": "2",  # a dead slice's thread is re-driven 2 s later
-    "DORMANT_SWEEP_INTERVAL_S": "1",
-    "DORMANT_OUTBOX_GRACE_S": "2",
-    "DORMANT_VISIBILITY_TIMEOUT_S": "30",  # above the longest slice or tool run here
-    "DORMANT_TOOL_CLAIM_TTL_S": "3",  # a tool run whose worker died is re-sent 3 s later
-    "DORMANT_TOOL_START_TIMEOUT_S": "15",  # a tool task the broker lost is re-sent after 15 s
-    "DORMANT_HAND_IN_TIMEOUT_S": "60",
     "DORMANT_FAILURE_BACKOFF_S": "0.2",  # a slice failed by a fault is retried at once...
     "DORMANT_STALL_AFTER_FAILURES": "1000",  # ...and faults never stall a thread
 }
-"""Short leases and timeouts, so recovery happens within a run; each is documented in
+"""What the run shortens. The settings that re-send lost work (the sweep interval, the
+outbox grace, the visibility timeout, the tool claim TTL, the tool start timeout, the
+hand-in timeout) keep their shipped defaults: the run measures how soon that work comes
+back (``Verdict.recovery_s``). The lease is short because a slice holds it for a whole
+model request (150 s by default) and chaos kills workers mid-slice by the dozen; the
+failure policy, because a fault must never stall a thread. Each is documented in
 docs/guarantees.md (the chaos run)."""
 
 
@@ -252,6 +252,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=3)
     parser.add_argument("--concurrency", type=int, default=4)
     parser.add_argument("--quiesce-timeout-s", type=float, default=600.0)
+    parser.add_argument(
+        "--recovery-bound-s",
+        type=float,
+        default=RECOVERY_BOUND_S,
+        help="fail if the system quiesces later than this after the last fault ended",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the logs and data directory")
     args = parser.parse_args(argv)
@@ -399,7 +405,8 @@ def _run(
     verdict.messages_sent = driver.messages
     verdict.slices = int(stats.get(SLICES) or 0)
     verdict.tool_runs = int(stats.get(TOOL_RUNS) or 0)
-    verdict.quiesce_s = verdict.quiesced_at - last_fault if verdict.quiesced_at else None
+    verdict.recovery_s = verdict.quiesced_at - last_fault if verdict.quiesced_at else None
+    verdict.recovery_bound_s = args.recovery_bound_s
     verdict.total_s = time.monotonic() - started
     verdict.driver_errors = list(driver.errors)
     verdict.worker_exits = cluster.unexpected_exits

@@ -29,7 +29,11 @@ if TYPE_CHECKING:
     # chaos.agents connects Celery signal handlers when imported: only the run needs it.
     from chaos.faults import Cluster
 
-__all__ = ["Verdict", "assess", "judge"]
+__all__ = ["RECOVERY_BOUND_S", "Verdict", "assess", "judge"]
+
+RECOVERY_BOUND_S = 30.0
+"""Lost work must be back and done, the system quiet, this soon after the last fault ended
+(issue 31): with the shipped re-send settings, a run past it fails."""
 
 
 @dataclass
@@ -51,15 +55,22 @@ class Verdict:
     messages_sent: int = 0
     slices: int = 0
     tool_runs: int = 0
-    quiesce_s: float | None = None
+    recovery_s: float | None = None
+    """From the end of the last fault to quiescence; None if the system never quiesced."""
+    recovery_bound_s: float = RECOVERY_BOUND_S
     total_s: float = 0.0
     driver_errors: list[str] = field(default_factory=list)
     worker_exits: list[str] = field(default_factory=list)
 
     @property
+    def recovered_in_time(self) -> bool:
+        """Quiet within the bound (a run that never quiesced is already stuck)."""
+        return self.recovery_s is None or self.recovery_s <= self.recovery_bound_s
+
+    @property
     def ok(self) -> bool:
         violations = (self.lost, self.duplicated, self.stuck, self.broken, self.driver_errors)
-        return not any(violations)
+        return not any(violations) and self.recovered_in_time
 
     def report(self, seed: int) -> str:
         lines = [f"seed {seed}", "faults by kind:"]
@@ -77,8 +88,7 @@ class Verdict:
             f"duplicated               {len(self.duplicated)}",
             f"stuck                    {len(self.stuck)}",
             f"broken                   {len(self.broken)}",
-            "time to quiesce          "
-            + (f"{self.quiesce_s:.1f} s" if self.quiesce_s is not None else "never"),
+            f"recovery time            {self._recovery()}",
             f"total time               {self.total_s:.1f} s",
         ]
         lines += [f"dropped: {task}" for task in self.dropped[:20]]
@@ -92,8 +102,19 @@ class Verdict:
             ("DRIVER ERRORS", self.driver_errors),
         ):
             lines += [f"{title}: {line}" for line in found[:20]]
+        if self.recovery_s is not None and not self.recovered_in_time:
+            lines.append(
+                f"SLOW RECOVERY: quiet {self.recovery_s:.1f} s after the last fault ended,"
+                f" over the {self.recovery_bound_s:.0f} s bound"
+            )
         lines.append("PASS" if self.ok else "FAIL")
         return "\n".join(lines)
+
+    def _recovery(self) -> str:
+        """From the last fault's end to quiescence, against its bound."""
+        if self.recovery_s is None:
+            return "never (did not quiesce)"
+        return f"{self.recovery_s:.1f} s after the last fault (bound {self.recovery_bound_s:.0f} s)"
 
 
 def _quiet(store: Any) -> bool:

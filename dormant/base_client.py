@@ -75,6 +75,16 @@ def new_thread_id() -> str:
     return f"thr_{uuid.uuid4().hex[:20]}"
 
 
+def _refuse_another_schema(store: Store) -> None:
+    """A client on a SQL store whose schema is not this dormant's refuses to be built,
+    rather than fail at its first write with "no such column" (``SQLStore.check_schema``);
+    a database unreachable now, or not yet migrated, is checked at the first transaction."""
+    check = getattr(store, "check_schema", None)  # the SQL store's; others have no schema
+    ahead = check(at_start=True) if check is not None else None
+    if ahead is not None:  # as during a rolling upgrade: said, not refused
+        log.warning("%s", ahead)
+
+
 class BaseClient(ABC):
     """Everything a caller does to threads, over a store, a dedup set and a waker."""
 
@@ -85,6 +95,7 @@ class BaseClient(ABC):
         settings: Settings,
         agents: AgentRegistry | None = None,
     ) -> None:
+        _refuse_another_schema(store)
         self.store = store
         self.dedup = dedup
         self.settings = settings

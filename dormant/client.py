@@ -9,6 +9,7 @@ only when a ``Client`` is built, through functions of ``dormant.worker`` and
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Self
 
@@ -31,6 +32,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BaseClient", "Client", "OnCommit", "Waker", "new_message_id", "new_thread_id"]
 
+log = logging.getLogger("dormant.client")
+
 OnCommit = Callable[[Callable[[], object]], None]
 """Runs a function once the caller's current transaction commits, and never if it rolls
 back (Django's ``transaction.on_commit``, or ``dormant.contrib.flask``'s session hook)."""
@@ -40,7 +43,8 @@ class Client(BaseClient):
     """Launch, send, deliver and read threads of a Celery deployment.
 
     ``Client.from_env()`` reads ``DORMANT_DATABASE_URL``, ``DORMANT_BROKER_URL`` and
-    ``DORMANT_REDIS_URL``; the database must already be migrated (``dormant db upgrade``).
+    ``DORMANT_REDIS_URL``; the database must already be migrated (``dormant db upgrade``):
+    on an older schema the client refuses to be built (``SchemaMismatch``).
     """
 
     def __init__(
@@ -127,6 +131,13 @@ class Client(BaseClient):
         store = LabelledSQLStore(
             settings.database_url, TaskLabels(), table_prefix=settings.table_prefix
         )
+        try:  # before Redis and the broker: nothing else to close if it refuses
+            ahead = store.check_schema(at_start=True)
+        except Exception:
+            store.close()
+            raise
+        if ahead is not None:  # as during a rolling upgrade: said, not refused
+            log.warning("%s", ahead)
         marks = RedisWakeMarks(redis, settings.key_prefix, wake_mark_ttl_s(settings))
         if celery_app is None:
             dispatcher = client_dispatcher(settings, marks, store.labels)

@@ -2,7 +2,8 @@
 
     DormantError
     ├── ConfigurationError          bad settings, unknown agent, missing secret key
-    │   └── SchemaMissing           the database has no dormant tables: run `dormant db upgrade`
+    │   ├── SchemaMissing           the database has no dormant tables: run `dormant db upgrade`
+    │   └── SchemaMismatch          its schema is older (run `dormant db upgrade`) or newer
     ├── Unavailable                 a server dormant needs cannot be reached; nothing was done
     │   ├── DatabaseUnavailable
     │   ├── BrokerUnavailable       the Celery broker
@@ -75,6 +76,7 @@ __all__ = [
     "NotFound",
     "PayloadTooLarge",
     "RedisUnavailable",
+    "SchemaMismatch",
     "SchemaMissing",
     "SliceDeadlineExceeded",
     "SliceFailed",
@@ -105,6 +107,28 @@ class SchemaMissing(ConfigurationError):
 
     def __init__(self, detail: str) -> None:
         super().__init__(f"{detail}: create the schema with `dormant db upgrade`")
+
+
+class SchemaMismatch(ConfigurationError):
+    """The database's schema is not the one this dormant reads and writes: an older one
+    (``dormant db upgrade`` brings it up, and nothing runs until then) or a newer one,
+    migrated by a later release (processes of this one run on, as in a rolling upgrade,
+    and say so; only ``dormant db upgrade`` and ``LocalSystem`` refuse it)."""
+
+    def __init__(self, found: str, needed: str, *, ahead: bool) -> None:
+        if ahead:
+            message = (
+                f"the schema is at {found}, newer than this dormant knows (it needs {needed}):"
+                " a later release migrated this database; upgrade dormant to that release"
+            )
+        else:
+            message = (
+                f"the schema is at {found}, this dormant needs {needed}: run `dormant db upgrade`"
+            )
+        super().__init__(message)
+        self.found = found
+        self.needed = needed
+        self.ahead = ahead
 
 
 class Unavailable(DormantError):

@@ -133,11 +133,15 @@ class Settings:
     """How many runs of one tool call may die (their worker killed, their claim lapsed)
     before the next run answers the call with an error instead of starting the tool again:
     a tool that kills its worker every time must not be re-run for ever."""
-    tool_start_timeout_s: float = 300.0
+    tool_start_timeout_s: float = 20.0
     """A tool task sent this long ago that no worker has started was lost by the broker (a
-    flushed or restarted Redis): the sweeper sends it again. A copy still queued behind a
-    backlog finds the row claimed or ran and does nothing, so this only trades duplicate
-    sends against the delay before lost work is re-sent."""
+    flushed or restarted Redis): the sweeper sends it again. Short, because a second copy
+    is harmless: a run starts only by claiming its row in SQL (``tools/claims.py``), and
+    the claim succeeds once, so a copy still queued behind a backlog, or the original
+    delivered late, finds the row claimed or ran and does nothing. What it costs is that
+    skipped copy (one ``UPDATE``), at most 100 rows a sweep; what it buys is lost tool work
+    back about 20 s after it was sent, where 300 s (the earlier default) left the call's
+    thread waiting five minutes for a blink of Redis."""
     announce_interval_s: float = 30.0
     """How often a worker (or a ``LocalSystem``) renews its card in the store's roster of
     workers: the agents, tools and versions it runs (``runtime/whereabouts.py``)."""

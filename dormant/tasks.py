@@ -8,9 +8,11 @@ SQL; the store's backoff, the sweeper or ``dormant retry`` drive the next try), 
 worker logs one line, no traceback: it is an expected outcome. A model failure with a short
 backoff is retried by Celery with that countdown. ``dormant.tool(...)`` runs
 ``execute_outbox`` and returns what the run did (``done``, ``started; result pending via
-callback``, ``error: ...``). ``dormant.sweep()`` runs one sweep turn without task events:
-beat sweeps itself now (``celery/beat_sweep.py``) and sends no such task; it stays for a
-beat of an earlier release during a rolling upgrade. A test crash point kills the worker
+callback``, ``error: ...``); a claim on its row that meets an unreachable database is
+retried by Celery with backoff (``claim_backoff_s``), not dropped for the sweeper to find.
+``dormant.sweep()`` runs one sweep turn without task events: beat sweeps itself now
+(``celery/beat_sweep.py``) and sends no such task; it stays for a beat of an earlier
+release during a rolling upgrade. A test crash point kills the worker
 process with SIGKILL, so tests exercise real deaths: the unacknowledged task and the lease
 are left behind.
 """
@@ -56,6 +58,7 @@ from dormant.runtime.slice import (
 from dormant.runtime.whereabouts import Whereabouts
 from dormant.settings import Settings
 from dormant.stores.base import OutboxRow
+from dormant.stores.outages import unreachable_server
 from dormant.stores.redis import (
     RedisDedup,
     RedisEvents,
@@ -67,7 +70,7 @@ from dormant.stores.redis import (
     wake_mark_ttl_s,
 )
 from dormant.stores.redis_limiter import RedisLimiter
-from dormant.tools.claims import held_claim
+from dormant.tools.claims import claim_run, renewed_claim
 from dormant.tools.outcomes import (
     AlreadyAnswered,
     Answered,
@@ -85,7 +88,14 @@ if TYPE_CHECKING:
     # built, on the worker's warm-up thread once it consumes, not before it starts.
     from dormant.celery.labels import LabelledSQLStore
 
-__all__ = ["LazyRuntime", "Runtime", "outcome_text", "register_tasks"]
+__all__ = [
+    "CLAIM_RETRIES",
+    "LazyRuntime",
+    "Runtime",
+    "claim_backoff_s",
+    "outcome_text",
+    "register_tasks",
+]
 
 log = logging.getLogger("dormant.tasks")
 _STALLED = "thread %s is stalled: %s (dormant retry re-drives it)"
@@ -250,6 +260,23 @@ to the sweeper, which wakes the thread once its ``retry_at`` passes, so no task 
 in a worker's memory as an ETA."""
 
 
+CLAIM_RETRIES = 8
+"""How often a tool task whose claim met an unreachable database is retried (Celery's
+retry, with ``claim_backoff_s``: about 75 s in all) before it fails; the sweeper then
+sends the row again after ``tool_start_timeout_s``."""
+_CLAIM_BACKOFF_S = (1.0, 15.0)
+"""The first and the longest wait between two tries of a claim (doubling in between)."""
+_CLAIM_LOST = "outbox row %d: %s is unreachable, so the claim is tried again in %.0f s"
+
+
+def claim_backoff_s(retries: int) -> float:
+    """The wait before the next try of a claim, after ``retries`` tries failed: 1, 2, 4,
+    8, then 15 s. Short at first: a restarting PostgreSQL is back within seconds, and the
+    call's thread waits on this tool."""
+    first_s, longest_s = _CLAIM_BACKOFF_S
+    return float(min(longest_s, first_s * 2**retries))
+
+
 def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
     """Register ``dormant.slice``, ``dormant.tool`` and ``dormant.sweep`` on ``celery_app``.
 
@@ -306,14 +333,28 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                 raise SliceFailed(thread_id, error, stalled=True)
         return outcome_text(outcome)
 
-    @celery_app.task(name=TOOL_TASK, **options)  # type: ignore[untyped-decorator]
-    def tool_task(thread_id: str, call_id: str, outbox_id: int, action: str = "tool") -> str:
+    @celery_app.task(  # type: ignore[untyped-decorator]
+        name=TOOL_TASK, bind=True, max_retries=CLAIM_RETRIES, **options
+    )
+    def tool_task(
+        self: Task, thread_id: str, call_id: str, outbox_id: int, action: str = "tool"
+    ) -> str:
         rt = runtime()
         row = OutboxRow(outbox_id, thread_id, call_id, action, datetime.now(UTC))
+        ttl_s = rt.settings.tool_claim_ttl_s
+        try:
+            run = claim_run(rt.store, outbox_id, ttl_s)
+        except Exception as error:
+            if unreachable_server(error) is None:
+                raise
+            # Nothing ran: retrying is safe, and the claim still makes the tool run once.
+            countdown_s = claim_backoff_s(self.request.retries)
+            log.warning(_CLAIM_LOST, outbox_id, unreachable_server(error), countdown_s)
+            raise self.retry(countdown=countdown_s, exc=error) from None
+        if not run:
+            return "skipped: the row ran or another run holds it"
         # The claim's heartbeat, not the broker, tells the sweeper this run is alive.
-        with held_claim(rt.store, outbox_id, rt.settings.tool_claim_ttl_s) as run:
-            if not run:
-                return "skipped: the row ran or another run holds it"
+        with renewed_claim(rt.store, outbox_id, ttl_s):
             try:
                 client = rt.client
                 outcome = execute_outbox(

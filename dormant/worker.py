@@ -157,6 +157,19 @@ def install(
         except ConfigurationError as error:
             raise SystemExit(f"error: {error}") from None
 
+    def refuse_another_schema(sender: Any = None, **_: Any) -> None:
+        """A worker on a schema of another version would say ``ready.`` and then fail every
+        slice: it refuses to start, naming both versions (an unreachable database is let
+        through; its store checks before the first transaction)."""
+        if getattr(sender, "app", None) is not celery_app:
+            return
+        from dormant.cli.connect import check_schema
+
+        try:
+            check_schema(resolve())
+        except ConfigurationError as error:
+            raise SystemExit(f"error: {error}") from None
+
     def warm_up(sender: Any = None, **_: Any) -> None:
         """Build the runtime (the SQL store's imports, its engine, Redis) as soon as the
         worker is ready, on a thread, rather than inside its first slice. Only for the pools
@@ -173,6 +186,7 @@ def install(
         celery_app.on_after_configure.connect(add_routing, weak=False)
     celeryd_init.connect(before_worker, weak=False)
     worker_init.connect(refuse_without_secret, weak=False)
+    worker_init.connect(refuse_another_schema, weak=False)
     worker_ready.connect(warm_up, weak=False)
     # The process's MCP sessions stop their servers: the worker's (threads, solo) or a
     # prefork child's, which leaves through os._exit and so never runs atexit.

@@ -117,3 +117,15 @@ def test_a_result_for_a_call_never_made_is_broken_not_stuck() -> None:
     [broken] = verdict.broken
     assert "results for calls never made: ghost" in broken
     assert verdict.stuck == [] and not verdict.ok
+
+
+def test_a_run_quiet_later_than_the_recovery_bound_after_its_last_fault_fails() -> None:
+    store = store_with_u0_applied()
+    verdict = assess(store, {THREAD: ["u0"]}, ended_at=datetime.now(UTC), quiesced=True)
+    verdict.recovery_s = 12.4
+    assert verdict.ok
+    assert "recovery time            12.4 s after the last fault (bound 30 s)" in verdict.report(7)
+    verdict.recovery_s = 104.0  # the tool start timeout's five minutes, before issue 31
+    report = verdict.report(7)
+    assert not verdict.ok and report.endswith("FAIL")
+    assert "SLOW RECOVERY: quiet 104.0 s after the last fault ended, over the 30 s bound" in report

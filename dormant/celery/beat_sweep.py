@@ -167,8 +167,11 @@ def start_on_beat(
     def start(sender: Any = None, **_: Any) -> None:
         if getattr(sender, "app", None) is not celery_app:
             return
+        from dormant.cli.connect import check_schema
+
         try:
             resolved = settings()
+            check_schema(resolved)  # a schema of another version: every sweep would fail
         except ConfigurationError as error:  # Celery would log it and beat run unswept
             raise SystemExit(f"error: {error}") from None
         sweeper = BeatSweeper(

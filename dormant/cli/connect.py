@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "check_database",
+    "check_schema",
     "checked_database_url",
     "env_settings",
     "hosted_settings",
@@ -78,7 +79,27 @@ def open_store(url: str | None) -> SQLStore:
     current = env_settings()
     url = checked_database_url(url or current.database_url)
     check_database(url)
-    return SQLStore(url, table_prefix=current.table_prefix)
+    store = SQLStore(url, table_prefix=current.table_prefix)
+    try:
+        ahead = store.check_schema()
+    except Exception:
+        store.close()
+        raise
+    if ahead is not None:
+        from dormant.cli.errors import say
+
+        say(f"warning: {ahead}")
+    return store
+
+
+def check_schema(settings: Settings) -> None:
+    """Before a worker or beat starts: refuse a missing SQLite file or a schema of another
+    version (``stores/sql/versions.py``); an unreachable database is let through."""
+    from dormant.stores.sql.versions import refuse_another_schema
+
+    url = checked_database_url(settings.database_url)
+    check_database(url)
+    refuse_another_schema(url, settings.table_prefix)
 
 
 def checked_database_url(url: str) -> str:

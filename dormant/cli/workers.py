@@ -66,10 +66,12 @@ def worker(
 ) -> None:
     """Run a Celery worker (threads pool) that runs slices and tools."""
     from dormant.celery.worker_process import run_worker
+    from dormant.cli.connect import check_schema
 
     settings = Settings.from_env().require_secret()  # a worker signs callback URLs
     if agents:
         settings = settings.with_(agents_module=agents)
+    check_schema(settings)  # not `ready.` and then a failure in every slice
     names = [q.strip() for q in queues.split(",") if q.strip()]
     code = run_worker(
         settings,
@@ -85,5 +87,8 @@ def worker(
 def beat(loglevel: Annotated[str, LogLevelOption] = "info") -> None:
     """Run Celery beat: fires timers and re-drives stranded work (one per deployment)."""
     from dormant.celery.worker_process import run_beat
+    from dormant.cli.connect import check_schema
 
-    run_beat(Settings.from_env(), loglevel=loglevel)
+    settings = Settings.from_env()
+    check_schema(settings)
+    run_beat(settings, loglevel=loglevel)

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
-__all__ = ["ClaimStore", "held_claim"]
+__all__ = ["ClaimStore", "claim_run", "held_claim", "renewed_claim"]
 
 log = logging.getLogger("dormant.tools")
 
@@ -116,19 +116,32 @@ def _after_fork() -> None:
 os.register_at_fork(after_in_child=_after_fork)
 
 
+def claim_run(store: ClaimStore, outbox_id: int, ttl_s: float) -> int:
+    """Claim the row for ``ttl_s``: the run's number (1 for the first: each earlier run
+    died), or 0 when the row ran already or another live run holds it."""
+    return store.claim_outbox(outbox_id, _until(ttl_s))
+
+
+@contextmanager
+def renewed_claim(store: ClaimStore, outbox_id: int, ttl_s: float) -> Iterator[None]:
+    """Keep a claim taken by ``claim_run`` alive for the block."""
+    claim = _Claim(store, outbox_id, ttl_s)
+    renewer = _renewer
+    renewer.hold(claim)
+    try:
+        yield
+    finally:
+        renewer.release(claim)
+
+
 @contextmanager
 def held_claim(store: ClaimStore, outbox_id: int, ttl_s: float) -> Iterator[int]:
     """Claim the row and keep the claim alive for the block; yields the run's number (1
     for the first: each earlier run died), or 0, holding nothing, when the row ran already
     or another live run holds it."""
-    run = store.claim_outbox(outbox_id, _until(ttl_s))
+    run = claim_run(store, outbox_id, ttl_s)
     if not run:
         yield 0
         return
-    claim = _Claim(store, outbox_id, ttl_s)
-    renewer = _renewer
-    renewer.hold(claim)
-    try:
+    with renewed_claim(store, outbox_id, ttl_s):
         yield run
-    finally:
-        renewer.release(claim)

@@ -174,6 +174,19 @@ def _dump(history: Sequence[Item]) -> Completion:
 
 
 @tool
+def tally(item: str) -> str:
+    """Counts its runs: a tool whose every run the test can see."""
+    _redis().incr(_key("runs", "tally"))
+    return f"counted {item}"
+
+
+def _tally(history: Sequence[Item]) -> Completion:
+    if isinstance(_last(history), ToolResult):
+        return reply("counted")
+    return reply("counting", call("tally", item="stock"))
+
+
+@tool
 def explode(reason: str) -> str:
     """A tool that always raises."""
     raise RuntimeError(reason)
@@ -253,6 +266,7 @@ buggy = Agent("buggy", model=_Buggy())
 
 picky = Agent("picky", model=ScriptedModel(_picky))
 dumper = Agent("dumper", model=ScriptedModel(_dump), tools=[dump_table])
+tallier = Agent("tallier", model=ScriptedModel(_tally), tools=[tally])
 toolbox = Agent("toolbox", model=ScriptedModel(_toolbox), tools=[run_build, explode])
 closable = Agent(
     "closable", model=_Closable(), tools=[run_build, watch_pull_requests], threads=True
@@ -288,6 +302,7 @@ AGENTS = [
     buggy,
     picky,
     dumper,
+    tallier,
     toolbox,
     closable,
     streamer,

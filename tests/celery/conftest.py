@@ -260,13 +260,18 @@ class Deployment:
         return shared_key(self.prefix, *parts)
 
     def start_worker(
-        self, name: str, *, concurrency: int = 8, env: dict[str, str] | None = None
+        self,
+        name: str,
+        *,
+        concurrency: int = 8,
+        env: dict[str, str] | None = None,
+        queues: str = QUEUES,
     ) -> Proc:
         argv = [
             *("-A", "dormant.worker", "worker", "-P", "threads", "-c", str(concurrency)),
             *(
                 "-Q",
-                QUEUES,
+                queues,
                 "-n",
                 f"{name}.{self.prefix}@%h",
                 "-l",

@@ -61,6 +61,7 @@ from dormant.stores.sql.rows import (
 )
 from dormant.stores.sql.sends import insert_checked
 from dormant.stores.sql.tables import as_utc, schema
+from dormant.stores.sql.versions import VERSION_TABLE, SchemaCheck, refuse_unknown
 
 if TYPE_CHECKING:
     from alembic.config import Config
@@ -68,9 +69,6 @@ if TYPE_CHECKING:
 __all__ = ["MIGRATIONS_DIR", "VERSION_TABLE", "SQLStore", "make_engine", "upgrade"]
 
 MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
-VERSION_TABLE = "dormant_alembic_version"
-"""Not ``alembic_version``: an application's own migrations may share the database. With a
-table prefix it is prefixed too (``myapp_dormant_alembic_version``)."""
 
 
 def _now() -> datetime:
@@ -105,6 +103,7 @@ def _migrate(engine: Engine, table_prefix: str = "") -> None:
     # processes opening a new file at once then run one after the other (the second finds
     # the tables made), as PostgreSQL's advisory lock in env.py makes them there.
     with engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"}).begin() as conn:
+        refuse_unknown(conn, table_prefix)  # Alembic: "Can't locate revision '0011'"
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
 
@@ -122,13 +121,14 @@ def upgrade(database_url: str, *, table_prefix: str = "") -> None:
 # The store ---------------------------------------------------------------------------
 
 
-class SQLStore(SQLRetention, SQLClaims, SQLRoster):
+class SQLStore(SQLRetention, SQLClaims, SQLRoster, SchemaCheck):
     """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
 
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
     file and server databases are migrated by ``upgrade()``. ``table_prefix`` selects the
     tables (``Settings.table_prefix``): stores with different prefixes share a database
-    without seeing each other.
+    without seeing each other. Before its first transaction the store checks, once, that
+    the database's schema is the one it was written for (``check_schema``).
     """
 
     def __init__(self, database_url: str, *, echo: bool = False, table_prefix: str = "") -> None:
@@ -144,6 +144,8 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster):
         self._writer: AbstractContextManager[Any] = (
             threading.Lock() if sqlite_file else nullcontext()
         )
+        self._table_prefix = table_prefix
+        self._schema_checked = memory  # nobody else reaches it: migrated here, to head
         if memory:
             _migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
@@ -167,6 +169,8 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster):
         PostgreSQL reads agree with each other. ``direct`` (for a body that runs only
         ``direct.py`` statements) opens it on the driver connection, without SQLAlchemy's
         per-transaction work: the connection is then not a real ``Connection``."""
+        if not self._schema_checked:
+            self._check_schema_and_say()
         if self._caller is not None:
             self._caller.execution_options(**{SCHEMA_OPTION: self._schema})
             with self._caller.begin_nested():
@@ -301,6 +305,7 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster):
         values = inbox_values(thread_id, message_id, message, priority, _now())
         try:
             if self._postgres and self._caller is None:  # one round trip: sends.py
+                self._check_schema_and_say()
                 found = insert_checked(
                     self._engine, self._schema, values, message, max_open, answered_ok
                 )
