@@ -32,12 +32,15 @@ PUBLIC = {
         "TOOL_TASK", "bare_app", "broker_priority", "broker_transport_options", "celery_config",
         "client_dispatcher", "create_app", "install", "load_agents",
     },
-    "dormant.tasks": {"LazyRuntime", "Runtime", "outcome_text", "register_tasks"},
+    "dormant.tasks": {
+        "CLAIM_RETRIES", "LazyRuntime", "Runtime", "claim_backoff_s", "outcome_text",
+        "register_tasks",
+    },
     "dormant.client": {
         "BaseClient", "Client", "OnCommit", "Waker", "new_message_id", "new_thread_id",
     },
     "dormant.local": {"LocalSystem", "open_store"},
-    "dormant.settings": {"ENV_NAMES", "Settings"},
+    "dormant.settings": {"ENV_NAMES", "Settings", "redact"},
     "dormant.callbacks": {"callback_app"},
     "dormant.webhooks": {
         "WebhookReceiver", "WebhookReply", "WebhookSource", "django_view", "flask_blueprint",
