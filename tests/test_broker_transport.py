@@ -81,15 +81,22 @@ def test_the_redis_broker_uses_dormants_transport_and_reconnects_for_ever() -> N
 
 
 @pytest.mark.filterwarnings("ignore::celery.exceptions.SecurityWarning")  # CI runs as root
-def test_a_worker_stopped_by_an_error_exits_non_zero(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``run_worker`` returns the worker's exit code (``worker_main`` dropped it)."""
+def test_a_worker_stopped_by_an_error_exits_non_zero(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """``run_worker`` returns the worker's exit code (``worker_main`` dropped it). Its
+    database is migrated: a worker refuses to start on one without dormant's schema."""
     from celery.apps.worker import Worker
+
+    from dormant.stores.sql.store import upgrade
 
     def stopped_on_an_error(worker: Worker) -> None:
         worker.exitcode = 1
 
     monkeypatch.setattr(Worker, "start", stopped_on_an_error)
-    settings = Settings(secret_keys=("k",), broker_url="redis://127.0.0.1:6379/0")
+    url = f"sqlite:///{tmp_path}/worker.db"
+    upgrade(url)
+    settings = Settings(secret_keys=("k",), broker_url="redis://127.0.0.1:6379/0", database_url=url)
     assert run_worker(settings, agents=[]) == 1
 
 
