@@ -26,7 +26,6 @@ from dormant.errors import (
     MessageRejected,
     PayloadTooLarge,
     ThreadBusy,
-    UnknownMessage,
 )
 from dormant.http.tokens import callback_url, parse_callback_url, stream_url, verify
 from dormant.messages import (
@@ -38,9 +37,10 @@ from dormant.messages import (
     UserMessage,
     UserText,
 )
+from dormant.ops.retry import redrive
 from dormant.runtime.budgets import raise_limits
-from dormant.runtime.close import Closing, close_thread
-from dormant.runtime.history import SCHEDULED, pending
+from dormant.runtime.close import Closing, close_thread, log_incomplete
+from dormant.runtime.history import SCHEDULED
 from dormant.runtime.stream import StreamReader, astream, stream
 from dormant.settings import Settings
 from dormant.stores.base import (
@@ -75,16 +75,6 @@ def new_thread_id() -> str:
     return f"thr_{uuid.uuid4().hex[:20]}"
 
 
-def _refuse_another_schema(store: Store) -> None:
-    """A client on a SQL store whose schema is not this dormant's refuses to be built,
-    rather than fail at its first write with "no such column" (``SQLStore.check_schema``);
-    a database unreachable now, or not yet migrated, is checked at the first transaction."""
-    check = getattr(store, "check_schema", None)  # the SQL store's; others have no schema
-    ahead = check(at_start=True) if check is not None else None
-    if ahead is not None:  # as during a rolling upgrade: said, not refused
-        log.warning("%s", ahead)
-
-
 class BaseClient(ABC):
     """Everything a caller does to threads, over a store, a dedup set and a waker."""
 
@@ -95,7 +85,11 @@ class BaseClient(ABC):
         settings: Settings,
         agents: AgentRegistry | None = None,
     ) -> None:
-        _refuse_another_schema(store)
+        # A schema older than this dormant refuses the client now, not at its first write
+        # ("no such column"); a newer one is said, as during a rolling upgrade.
+        ahead = store.check_schema(at_start=True)
+        if ahead is not None:
+            log.warning("%s", ahead)
         self.store = store
         self.dedup = dedup
         self.settings = settings
@@ -266,14 +260,7 @@ class BaseClient(ABC):
         ``message_id``) back in its inbox; they are applied by its next slice, after any
         input it processed meanwhile. ``UnknownMessage`` if ``message_id`` is not
         quarantined there."""
-        released = self.store.release_quarantined(thread_id, message_id)
-        if message_id is not None and not released:
-            raise UnknownMessage(thread_id, message_id)
-        snap = self.store.load(thread_id)
-        thread = snap.thread
-        if thread.status is ThreadStatus.STALLED:
-            status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
-            thread = self.store.set_status(thread_id, status)
+        thread = redrive(self.store, thread_id, message_id).thread
         self.wake(thread_id, Priority.INTERACTIVE)
         return thread
 
@@ -324,9 +311,7 @@ class BaseClient(ABC):
         """Called when a part of a stored close failed (Redis or the broker is down);
         logs a warning. Override it to report it elsewhere (the ``dormant`` command prints
         one line)."""
-        log.warning(
-            "thread %s is closed, but %s: %s: %s", thread_id, missed, type(error).__name__, error
-        )
+        log_incomplete(thread_id, missed, error)
 
     # reading ----------------------------------------------------------------------------
 

@@ -101,25 +101,17 @@ def _stalled(store: Store, agent: str | None) -> Iterator[str]:
 
 
 def _retry_one(store: Store, thread_id: str, message_id: str | None) -> None:
-    from dormant.errors import UnknownMessage
-    from dormant.runtime.history import pending
-    from dormant.stores.base import ThreadStatus
+    from dormant.ops.retry import redrive
 
-    released = store.release_quarantined(thread_id, message_id)
-    if message_id is not None and not released:
-        raise UnknownMessage(thread_id, message_id)
-    snap = store.load(thread_id)
-    status = snap.thread.status
-    if status is ThreadStatus.STALLED:
-        status = ThreadStatus.WAITING if pending(snap.calls) else ThreadStatus.IDLE
-        store.set_status(thread_id, status)
-    elif not released:
+    done = redrive(store, thread_id, message_id)
+    status = done.thread.status
+    if not done.unstalled and not done.released:
         say(
             f"error: thread {thread_id!r} is {status.value}, not stalled, and has no "
             "quarantined messages"
         )
         raise typer.Exit(1)
-    for row in released:
+    for row in done.released:
         typer.echo(f"message {row.message_id} is queued again")
     typer.echo(f"thread {thread_id} is {status.value}; the sweeper re-drives it")
 

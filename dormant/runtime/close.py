@@ -53,6 +53,7 @@ __all__ = [
     "Closing",
     "close_idle_threads",
     "close_thread",
+    "log_incomplete",
 ]
 
 log = logging.getLogger("dormant.close")
@@ -69,6 +70,13 @@ class CloseStore(SliceStore, SweepStore, Protocol):
     """What closing reads and writes."""
 
 
+def log_incomplete(thread_id: str, missed: str, error: Exception) -> None:
+    """The default report of a part of a stored close that failed: a warning."""
+    log.warning(
+        "thread %s is closed, but %s: %s: %s", thread_id, missed, type(error).__name__, error
+    )
+
+
 @dataclass(frozen=True)
 class Closing:
     """What a close talks to. Without a ``dispatcher`` the sweeper sends the "cancel"
@@ -79,9 +87,9 @@ class Closing:
     dispatcher: Dispatcher | None = None
     lease: Lease | None = None
     events: EventSink | None = None
-    incomplete: Callable[[str, str, Exception], None] | None = None
+    incomplete: Callable[[str, str, Exception], None] = log_incomplete
     """Told (thread id, what was not done, the error) when a part after the commit fails;
-    without it, a warning is logged."""
+    by default a warning is logged."""
 
 
 def close_thread(thread_id: str, reason: str, deps: Closing) -> ThreadInfo:
@@ -147,16 +155,7 @@ def _best_effort(deps: Closing, thread_id: str, missed: str) -> Iterator[None]:
     except ControlSignal:
         raise
     except Exception as error:
-        if deps.incomplete is not None:
-            deps.incomplete(thread_id, missed, error)
-        else:
-            log.warning(
-                "thread %s is closed, but %s: %s: %s",
-                thread_id,
-                missed,
-                type(error).__name__,
-                error,
-            )
+        deps.incomplete(thread_id, missed, error)
 
 
 def close_idle_threads(deps: Closing, agents: AgentRegistry, now: datetime) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any, Protocol
 
+from dormant.errors import SchemaMismatch
 from dormant.messages import Inbound
 from dormant.stores.records import (
     RETRIED_MARK,
@@ -292,6 +293,13 @@ class WorkerRoster(Protocol):
 
 class Store(SliceStore, InboxStore, QueryStore, SweepStore, WorkerRoster, Protocol):
     """Everything a backend provides."""
+
+    def check_schema(self, *, at_start: bool = False) -> SchemaMismatch | None:
+        """Refuse a database whose schema is older than this dormant's (``SchemaMismatch``);
+        return one that is newer, to be said. ``at_start``: a database unreachable or not
+        migrated yet is let through, and checked at the first transaction. A store with no
+        schema (memory) has nothing to check."""
+        ...
 
     def close(self) -> None: ...
 

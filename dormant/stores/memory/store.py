@@ -33,6 +33,7 @@ from dormant.errors import (
     CallAnswered,
     DuplicateMessage,
     InboxFull,
+    SchemaMismatch,
     SubscriptionCancelled,
     ThreadClosed,
     UnknownCall,
@@ -122,6 +123,9 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
     def thread(self, thread_id: str) -> ThreadInfo:
         with self._lock:
             return stored.info_of(self._get(thread_id))
+
+    def check_schema(self, *, at_start: bool = False) -> SchemaMismatch | None:
+        return None  # memory has no schema to be behind
 
     def threads(
         self,
