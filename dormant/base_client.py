@@ -54,6 +54,7 @@ from dormant.stores.base import (
     StoredItem,
     ThreadInfo,
     ThreadStatus,
+    VersionSpan,
 )
 from dormant.stores.lineage import full_history
 from dormant.streams import LiveLog, StreamEvent
@@ -332,6 +333,11 @@ class BaseClient(ABC):
 
     def thread(self, thread_id: str) -> ThreadInfo:
         return self.store.thread(thread_id)
+
+    def thread_versions(self, thread_id: str) -> list[VersionSpan]:
+        """Which version of its agent ran the thread's slices, oldest first: one span until
+        a deploy meets the thread (docs/upgrades.md)."""
+        return self.store.version_spans(thread_id)
 
     def threads(
         self,

@@ -186,6 +186,11 @@ class LazyRuntime:
                 self._runtime = Runtime.build(self._app, settings, agents)
             return self._runtime
 
+    def built(self) -> Runtime | None:
+        """The runtime if a task (or the warm-up) built it, without building one."""
+        with self._lock:
+            return self._runtime
+
 
 def outcome_text(outcome: SliceOutcome) -> str:
     """What the thread is doing after the slice: the slice task's result in Flower."""

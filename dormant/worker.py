@@ -180,6 +180,17 @@ def install(
             return
         threading.Thread(target=_warm, args=(runtime,), name="dormant-warm-up", daemon=True).start()
 
+    def withdraw(**_: Any) -> None:
+        """A worker that stops cleanly leaves the roster at once: what it had is at once
+        "not on a live worker" for the others, not three announce intervals later."""
+        built = runtimes[0].built() if runtimes else None
+        if built is None:
+            return
+        try:
+            built.whereabouts.withdraw()
+        except Exception as error:  # the store may be down: the card lapses on its own
+            _log.warning("could not withdraw this worker's card from the roster (%s)", error)
+
     if celery_app.configured:
         add_routing()
     else:
@@ -192,6 +203,8 @@ def install(
     # prefork child's, which leaves through os._exit and so never runs atexit.
     worker_shutdown.connect(_close_mcp_sessions, weak=False)
     worker_process_shutdown.connect(_close_mcp_sessions, weak=False)
+    worker_shutdown.connect(withdraw, weak=False)
+    worker_process_shutdown.connect(withdraw, weak=False)
 
 
 def _close_mcp_sessions(**_: Any) -> None:

@@ -21,6 +21,7 @@ import pytest
 
 from dormant import Agent, LocalSystem, Settings, ToolContext, tool
 from dormant.agents import AgentRegistry
+from dormant.errors import UnknownThread
 from dormant.messages import Item, ToolResult
 from dormant.models import ScriptedModel, reply
 from dormant.models.base import Completion
@@ -31,6 +32,7 @@ from dormant.stores.base import (
     CallState,
     InboxState,
     OutboxRow,
+    Store,
     ThreadStatus,
     WorkerCard,
 )
@@ -529,3 +531,102 @@ def test_a_thread_newer_code_ran_never_goes_back_to_older_code_while_the_newer_i
     assert h.store.thread(untouched).code_version == "v2"
     h.send(untouched, "once more")
     assert isinstance(run_slice(untouched, old_deps), Left), "never back to v1"
+
+
+# Which code ran each slice ---------------------------------------------------------------
+
+
+def test_a_thread_records_which_version_ran_each_of_its_slices(store: Store) -> None:
+    """One span while one version runs the thread; a deploy that meets it starts a span at
+    the first item the new code made, and the record survives on every store."""
+    v1 = Agent("triage", model=ScriptedModel(lambda _items: reply("v1")), version="v1")
+    v2 = Agent("triage", model=ScriptedModel(lambda _items: reply("v2")), version="v2")
+    h = Harness(v1, store=store)
+    thread_id = h.launch("triage", "hello")
+    h.step(thread_id)
+    h.send(thread_id, "again")
+    h.step(thread_id)
+    (only,) = h.thread_versions(thread_id)
+    assert (only.from_seq, only.code_version) == (1, "v1")
+    assert only.since == h.thread(thread_id).created_at
+
+    new = Harness(v2, store=store)
+    new.send(thread_id, "after the deploy")
+    new.step(thread_id)
+    new.send(thread_id, "and once more")
+    new.step(thread_id)
+    spans = new.thread_versions(thread_id)
+    assert [(s.from_seq, s.code_version) for s in spans] == [(1, "v1"), (5, "v2")]
+    texts = [(s.seq, getattr(s.item, "text", "")) for s in new.stored_history(thread_id)]
+    assert texts[3:6] == [(4, "v1"), (5, "after the deploy"), (6, "v2")], "v2 made #5 on"
+    assert spans[1].since >= spans[0].since
+
+
+def test_a_version_change_is_pruned_with_its_thread(store: Store) -> None:
+    v1 = Agent("triage", model=ScriptedModel(lambda _items: reply("v1")), version="v1")
+    v2 = Agent("triage", model=ScriptedModel(lambda _items: reply("v2")), version="v2")
+    old, new = Harness(v1, store=store), Harness(v2, store=store)
+    thread_id = old.launch("triage", "hello")
+    old.step(thread_id)
+    new.send(thread_id, "after the deploy")
+    new.step(thread_id)
+    assert len(new.thread_versions(thread_id)) == 2
+    new.close_thread(thread_id)
+    counts = store.prune_batch(datetime.now(UTC) + HOUR, limit=1000)
+    assert counts.threads == 1
+    with pytest.raises(UnknownThread):
+        new.thread_versions(thread_id)
+
+
+def test_dormant_show_says_which_version_ran_which_items(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    url = f"sqlite:///{tmp_path}/spans.db"
+    v1 = Agent("triage", model=ScriptedModel(lambda _items: reply("v1")), version="v1")
+    v2 = Agent("triage", model=ScriptedModel(lambda _items: reply("v2")), version="v2")
+    with LocalSystem([v1], url) as old:
+        thread_id = old.launch("triage", "hello")
+        old.run_until_idle()
+    with LocalSystem([v2], url) as new:
+        new.send(thread_id, "after the deploy")
+        new.run_until_idle()
+    shown = CliRunner().invoke(app, ["show", thread_id, "--json", "--database-url", url])
+    assert shown.exit_code == 0, shown.output
+    versions = json.loads(shown.output)["versions"]
+    assert [(v["from_seq"], v["code_version"]) for v in versions] == [(1, "v1"), (3, "v2")]
+    text = CliRunner().invoke(app, ["show", thread_id, "--database-url", url])
+    assert "version v2 (v1 until #2)" in text.output
+    assert "----- version v2 -----" in text.output
+
+
+def test_a_parent_whose_child_stalled_says_so_where_it_shows_idle(tmp_path: Path) -> None:
+    """The parent waits for its child's reports, idle: ``dormant show`` and its record say
+    which child stalled and why, instead of nothing."""
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    def script(items: Sequence[Item]) -> Completion:
+        last = items[-1]
+        if isinstance(last, ToolResult) and last.content.startswith("You are now inside"):
+            raise ValueError("the child's model is misconfigured")  # the child's every turn
+        if isinstance(last, ToolResult):
+            return reply("spawned; waiting for its report")
+        return reply("", call("spawn_thread", instructions="do it"))
+
+    lead = Agent("lead", model=ScriptedModel(script), threads=True)
+    url = f"sqlite:///{tmp_path}/family.db"
+    settings = Settings(stall_after_failures=1, model_attempts=1, failure_backoff_s=0.0)
+    with LocalSystem([lead], url, settings=settings) as system:
+        root = system.launch("lead", "start a helper")
+        system.run_until_idle(raise_on_failure=False)
+        (kid,) = system.store.children(root)
+        assert system.thread(kid.id).status is ThreadStatus.STALLED
+        assert system.thread(root).status is ThreadStatus.IDLE
+    record = CliRunner().invoke(app, ["show", root, "--json", "--database-url", url])
+    (stalled,) = json.loads(record.output)["thread"]["stalled_children"]
+    assert stalled["id"] == kid.id and "misconfigured" in stalled["last_error"]
+    text = CliRunner().invoke(app, ["show", root, "--database-url", url], env={"COLUMNS": "300"})
+    assert f"child {kid.id} stalled" in text.output

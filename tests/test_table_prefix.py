@@ -37,6 +37,7 @@ TABLES = {
     "pruned_ids",
     "ledger",
     "workers",
+    "version_changes",
 }
 
 

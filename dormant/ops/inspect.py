@@ -15,10 +15,26 @@ from dormant.messages import ItemAdapter
 from dormant.ops.timeline import render_item
 from dormant.ops.usage import spend_record, thread_usage, usage_line
 from dormant.runtime.history import pending
-from dormant.stores.base import CallState, InboxState, Store, StoredItem, ThreadInfo
+from dormant.stores.base import (
+    CallState,
+    InboxState,
+    Store,
+    StoredItem,
+    ThreadInfo,
+    ThreadStatus,
+    VersionSpan,
+)
 from dormant.stores.lineage import full_history
 
-__all__ = ["thread_record", "thread_records", "thread_tree", "timeline", "timeline_record"]
+__all__ = [
+    "thread_record",
+    "thread_records",
+    "thread_tree",
+    "timeline",
+    "timeline_record",
+    "version_records",
+    "versions_line",
+]
 
 _STATUS_STYLE = {"idle": "green", "waiting": "yellow", "closed": "dim", "stalled": "bold red"}
 
@@ -33,6 +49,9 @@ class _State:
     inbox_deferred: int
     quarantined: list[str]
     """Ids of the thread's quarantined (poison) messages."""
+    stalled_children: list[ThreadInfo]
+    """Children that stalled: the parent may be idle, waiting for their reports, and this
+    says why nothing comes (``dormant retry CHILD`` re-drives one)."""
 
 
 def _state(store: Store, info: ThreadInfo) -> _State:
@@ -47,6 +66,7 @@ def _state(store: Store, info: ThreadInfo) -> _State:
         inbox_pending=depth,
         inbox_deferred=len(snap.inbox) - depth,
         quarantined=[r.message_id for r in store.inbox(info.id, InboxState.QUARANTINED)],
+        stalled_children=[c for c in store.children(info.id) if c.status is ThreadStatus.STALLED],
     )
 
 
@@ -70,6 +90,8 @@ def _label(store: Store, info: ThreadInfo) -> Text:
         label.append(f"  inbox {depth} pending, {deferred} deferred", style="magenta")
     if state.quarantined:
         label.append(f"  quarantined: {', '.join(state.quarantined)}", style="bold red")
+    for child in state.stalled_children:
+        label.append(f"  child {child.id} stalled: {child.last_error}", style="bold red")
     if info.closed_reason:
         label.append(f"  ({info.closed_reason})", style="dim")
     if info.last_error:
@@ -98,14 +120,41 @@ def timeline(store: Store, thread_id: str, *, full: bool = False) -> Group:
     """The thread's status, then its model-visible history (``full``: every stored item,
     including those a summary replaced), inherited items dimmed."""
     info = store.thread(thread_id)
-    lines: list[Text] = [_label(store, info), usage_line(store, info), Text()]
+    spans = store.version_spans(thread_id)
+    lines: list[Text] = [_label(store, info), usage_line(store, info), versions_line(spans)]
+    lines.append(Text())
+    starts = {span.from_seq: span for span in spans[1:]}
     for stored in _items(store, info, full):
         inherited = info.fork_seq is not None and stored.seq <= info.fork_seq
+        if stored.seq in starts:
+            lines.append(Text(f"----- version {starts.pop(stored.seq).code_version} -----", "cyan"))
         line = Text.assemble((f"#{stored.seq:<4}", "dim"), render_item(stored.item))
         if inherited:
             line.stylize("dim")
         lines.append(line)
     return Group(*lines)
+
+
+def versions_line(spans: list[VersionSpan]) -> Text:
+    """``version v2 (v1 until #13)``: the version that runs the thread now, and the ones
+    that ran it before a deploy met it."""
+    *before, now = spans
+    text = Text.assemble("version ", (now.code_version or "unrecorded", "cyan"))
+    if before:
+        ends = [later.from_seq - 1 for later in spans[1:]]
+        earlier = ", ".join(
+            f"{span.code_version or 'unrecorded'} until #{end}"
+            for span, end in zip(before, ends, strict=False)
+        )
+        text.append(f" ({earlier})", style="dim")
+    return text
+
+
+def version_records(spans: list[VersionSpan]) -> list[dict[str, Any]]:
+    return [
+        {"from_seq": s.from_seq, "code_version": s.code_version, "since": s.since.isoformat()}
+        for s in spans
+    ]
 
 
 def thread_record(store: Store, info: ThreadInfo) -> dict[str, Any]:
@@ -124,6 +173,10 @@ def thread_record(store: Store, info: ThreadInfo) -> dict[str, Any]:
         "inbox_pending": state.inbox_pending,
         "inbox_deferred": state.inbox_deferred,
         "quarantined": state.quarantined,
+        "stalled_children": [
+            {"id": c.id, "agent": c.agent, "last_error": c.last_error}
+            for c in state.stalled_children
+        ],
         "failures": info.failures,
         "last_error": info.last_error,
         "closed_reason": info.closed_reason,
@@ -170,7 +223,8 @@ def timeline_record(store: Store, thread_id: str, *, full: bool = False) -> dict
         }
         for stored in _items(store, info, full)
     ]
-    return {"thread": thread_record(store, info), "items": items}
+    versions = version_records(store.version_spans(thread_id))
+    return {"thread": thread_record(store, info), "versions": versions, "items": items}
 
 
 def _items(store: Store, info: ThreadInfo, full: bool) -> list[StoredItem]:

@@ -42,10 +42,11 @@ from dormant.stores.base import (
     Snapshot,
     StoredItem,
     ThreadStatus,
+    VersionChange,
 )
 from dormant.stores.closing import close_calls
 
-__all__ = ["SliceCommit"]
+__all__ = ["SliceCommit", "version_change"]
 
 
 class SliceCommit:
@@ -99,6 +100,7 @@ class SliceCommit:
             spend=turn.meter.spend if turn.meter else None,
             message_completions=turn.meter.message_completions if turn.meter else None,
             code_version=turn.code_version,
+            version_change=version_change(thread.code_version, turn),
         )
         self._check_deadline()
         deps.crash("before_commit")
@@ -176,3 +178,12 @@ class SliceCommit:
             )
         if rows:  # one stamp for all: a row sent but not stamped is only sent again
             deps.store.mark_dispatched([outbox.id for outbox in rows])
+
+
+def version_change(last: str, turn: Turn) -> VersionChange | None:
+    """What the commit says when the slice ran another version than the thread's last
+    slice (a deploy came between): nothing for a thread's first slice, one no version
+    ran yet, or a slice that does not say its version (a close)."""
+    if not last or not turn.code_version or turn.code_version == last:
+        return None
+    return VersionChange(turn.next_seq, last)

@@ -21,7 +21,6 @@ import logging
 import os
 import socket
 import threading
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -161,6 +160,7 @@ class Whereabouts:
         self._lock = threading.Lock()
         self._announced_at: datetime | None = None
         self._roster: tuple[datetime, list[WorkerCard]] | None = None
+        self._withdrawn = threading.Event()
 
     @property
     def live_s(self) -> float:
@@ -184,18 +184,20 @@ class Whereabouts:
         (a Celery worker's). A store that is down is logged and tried at the next turn."""
 
         def loop() -> None:
-            while True:
+            while not self._withdrawn.is_set():
                 try:
                     self.announce()
                 except Exception as error:
                     log.warning("could not renew this worker's card in the roster (%s)", error)
-                time.sleep(self.interval_s)
+                self._withdrawn.wait(self.interval_s)
 
         threading.Thread(target=loop, name="dormant-roster", daemon=True).start()
 
     def withdraw(self) -> None:
         """Mark this process's card dead at once (a clean shutdown), keeping when it was
-        last seen: nobody waits three intervals for a worker that stopped."""
+        last seen: nobody waits three intervals for a worker that stopped. The renewals of
+        ``keep_announcing`` stop with it."""
+        self._withdrawn.set()
         now = datetime.now(UTC)
         self.announce(now - timedelta(seconds=self.live_s))
 

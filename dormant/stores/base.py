@@ -32,6 +32,8 @@ from dormant.stores.records import (
     ThreadInfo,
     ThreadStatus,
     TimerRow,
+    VersionChange,
+    VersionSpan,
     WorkerCard,
 )
 
@@ -61,6 +63,8 @@ __all__ = [
     "ThreadInfo",
     "ThreadStatus",
     "TimerRow",
+    "VersionChange",
+    "VersionSpan",
     "WorkerCard",
     "WorkerRoster",
 ]
@@ -288,6 +292,11 @@ class WorkerRoster(Protocol):
 
     def open_threads_by_version(self) -> dict[tuple[str, str], int]:
         """How many threads that are not closed each (agent, ``code_version``) has."""
+        ...
+
+    def version_spans(self, thread_id: str) -> list[VersionSpan]:
+        """Which agent version ran the thread's slices, oldest first: one span when one
+        version ran them all (``VersionSpan``)."""
         ...
 
 

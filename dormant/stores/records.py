@@ -34,7 +34,10 @@ __all__ = [
     "ThreadInfo",
     "ThreadStatus",
     "TimerRow",
+    "VersionChange",
+    "VersionSpan",
     "WorkerCard",
+    "version_spans",
 ]
 
 
@@ -326,6 +329,43 @@ class Commit:
     code_version: str = ""
     """The version of the agent the slice ran (``ThreadInfo.code_version``); empty keeps
     the thread's (a close, a compaction summary kept alone)."""
+    version_change: VersionChange | None = None
+    """Set when the slice ran another version than the thread's last (a deploy came
+    between): the store keeps it, so a thread's record says which code ran each slice."""
+
+
+@dataclass(frozen=True)
+class VersionChange:
+    """A thread's items from ``from_seq`` on were made by ``Commit.code_version``; those
+    before, back to the previous change, by ``previous``."""
+
+    from_seq: int
+    previous: str
+
+
+@dataclass(frozen=True)
+class VersionSpan:
+    """The agent version that ran a thread's slices from ``from_seq`` on, until the next
+    span's: ``QueryStore.version_spans`` lists a thread's spans, oldest first.
+
+    Only changes are stored (nothing for a thread one version ran), so the first span
+    starts at the thread's first own item and its ``since`` is the thread's creation."""
+
+    from_seq: int
+    code_version: str
+    since: datetime
+
+
+def version_spans(
+    info: ThreadInfo, changes: list[tuple[int, str, str, datetime]]
+) -> list[VersionSpan]:
+    """A thread's spans from its stored changes, oldest first: (from_seq, code_version,
+    previous, at) each. The first span is the first change's ``previous`` (or the thread's
+    version when none met it), from the thread's first own item."""
+    first = VersionSpan(
+        (info.fork_seq or 0) + 1, changes[0][2] if changes else info.code_version, info.created_at
+    )
+    return [first, *(VersionSpan(seq, version, at) for seq, version, _, at in changes)]
 
 
 @dataclass(frozen=True)

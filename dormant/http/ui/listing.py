@@ -78,7 +78,7 @@ def list_body(store: QueryStore, query: ListQuery, root: str, now: datetime) -> 
 </form>
 </section>
 <table class="threads">
-<thead><tr><th>thread</th><th>agent</th><th>status</th><th>parent</th><th>updated</th>
+<thead><tr><th>thread</th><th>agent</th><th>code</th><th>status</th><th>parent</th><th>updated</th>
 <th>note</th></tr></thead>
 <tbody>
 {rows}
@@ -117,6 +117,7 @@ def _row(info: ThreadInfo, root: str, now: datetime) -> str:
     return (
         f'<tr data-thread="{esc(info.id)}">'
         f'<td><a class="mono" href="{href(root, "thread", id=info.id)}">{esc(info.id)}</a></td>'
-        f"<td>{esc(info.agent)}</td><td>{badge(info.status.value)}</td><td>{parent}</td>"
+        f"<td>{esc(info.agent)}</td><td class='mono muted'>{esc(info.code_version)}</td>"
+        f"<td>{badge(info.status.value)}</td><td>{parent}</td>"
         f"<td>{ago(info.updated_at, now)}</td><td>{note}</td></tr>"
     )

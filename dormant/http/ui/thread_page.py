@@ -119,7 +119,9 @@ def _facts(info: ThreadInfo, now: datetime) -> str:
     return (
         f"{badge(info.status.value)} <span>agent <b>{esc(info.agent)}</b></span>"
         f" <span>created {ago(info.created_at, now)}</span>"
-        f" <span>updated {ago(info.updated_at, now)}</span> <span>version {info.version}</span>"
+        f" <span>updated {ago(info.updated_at, now)}</span>"
+        f" <span>code <b class='mono'>{esc(info.code_version or 'unrecorded')}</b></span>"
+        f" <span class='muted'>commit {info.version}</span>"
     )
 
 
@@ -132,9 +134,10 @@ def _side(
     now: datetime,
 ) -> str:
     return (
-        _waiting(record, calls, info, now)
+        _waiting(record, calls, info, root, now)
         + _usage(client, info)
         + _tree(client, info, root)
+        + _versions(client, info)
         + _metadata(info)
     )
 
@@ -150,7 +153,11 @@ def _problems(info: ThreadInfo) -> str:
 
 
 def _waiting(
-    record: dict[str, object], calls: dict[str, CallRecord], info: ThreadInfo, now: datetime
+    record: dict[str, object],
+    calls: dict[str, CallRecord],
+    info: ThreadInfo,
+    root: str,
+    now: datetime,
 ) -> str:
     rows = []
     if info.status is not ThreadStatus.CLOSED:
@@ -168,6 +175,13 @@ def _waiting(
         rows.append(f"<li>inbox: {inbox_pending} pending, {inbox_deferred} deferred</li>")
     for message_id in record["quarantined"]:  # type: ignore[attr-defined]
         rows.append(f'<li class="bad">quarantined message <code>{esc(message_id)}</code></li>')
+    for child in record["stalled_children"]:  # type: ignore[attr-defined]
+        child_id = child["id"]
+        link = f'<a class="mono" href="{href(root, "thread", id=child_id)}">{esc(child_id)}</a>'
+        rows.append(
+            f'<li class="bad">child {link} ({esc(child["agent"])}) stalled:'
+            f" {esc(short(child['last_error'], 160))}</li>"
+        )
     body = "".join(rows) or '<li class="muted">nothing: no call pending, inbox empty</li>'
     return f'<section class="card"><h3>Waiting for</h3><ul class="plain">{body}</ul></section>'
 
@@ -222,6 +236,22 @@ def _tree(client: BaseClient, info: ThreadInfo, root: str) -> str:
         return ""
     cut = '<p class="muted">(cut: open a child for its subtree)</p>' if budget[0] <= 0 else ""
     return f'<section class="card"><h3>Threads</h3><ul class="tree">{tree}</ul>{cut}</section>'
+
+
+def _versions(client: BaseClient, info: ThreadInfo) -> str:
+    """The versions of the agent that ran the thread, newest first, each with the items it
+    made (a deploy that met the thread starts a span: docs/upgrades.md)."""
+    spans = client.store.version_spans(info.id)
+    if len(spans) == 1 and not spans[0].code_version:
+        return ""
+    ends = [later.from_seq - 1 for later in spans[1:]] + [None]
+    rows = []
+    for span, end in reversed(list(zip(spans, ends, strict=True))):
+        items = f"#{span.from_seq} on" if end is None else f"#{span.from_seq} to #{end}"
+        name = esc(span.code_version or "unrecorded")
+        rows.append(f"<dt class='mono'>{name}</dt><dd>{items}</dd>")
+    body = "".join(rows)
+    return f'<section class="card"><h3>Code versions</h3><dl class="usage">{body}</dl></section>'
 
 
 def _metadata(info: ThreadInfo) -> str:

@@ -36,6 +36,7 @@ def _waiting(row: InboxRow) -> bool:
 class MemoryRetention:
     _lock: threading.RLock
     _threads: dict[str, StoredThread]
+    _version_changes: dict[str, list[tuple[int, str, str, datetime]]]
     _hot: OrderedDict[str, StoredThread]
     _open: dict[str, dict[int, InboxRow]]
     _outbox: dict[int, OutboxRow]
@@ -171,6 +172,7 @@ class MemoryRetention:
             self._children[top] = [c for c in self._children[top] if c not in doomed]
         for thread_id in tree:
             self._threads.pop(thread_id, None)
+            self._version_changes.pop(thread_id, None)
             self._hot.pop(thread_id, None)
             self._open.pop(thread_id, None)
             self._children.pop(thread_id, None)

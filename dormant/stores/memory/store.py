@@ -82,6 +82,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
         """Pending and deferred inbox rows by thread, in id order (ids only grow)."""
         self._outbox: dict[int, OutboxRow] = {}
         self._cards: dict[str, WorkerCard] = {}
+        self._version_changes: dict[str, list[tuple[int, str, str, datetime]]] = {}
         self._timers: dict[int, TimerRow] = {}
         self._timer_heap: list[tuple[datetime, int]] = []
         self._timer_keys: set[tuple[str, str]] = set()
@@ -276,6 +277,8 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
                 changes["closed_reason"] = commit.closed_reason
             if commit.code_version:
                 changes["code_version"] = commit.code_version
+            if commit.version_change is not None:
+                self._change_version(commit, now)
             if commit.spend is not None:
                 changes["message_completions"] = commit.message_completions or 0
                 self._add_spend(info, commit.spend, now, changes)

@@ -135,6 +135,13 @@ class Prepared:
             index_elements=["thread_id", "at"],
             set_={name: t.ledger.c[name] + ledger.excluded[name] for name in added},
         )
+        # a deploy met the thread: two in one seq (a slice that added no item) keep the
+        # later version and the first one's ``previous``
+        change = ins(t.version_changes)
+        self.add_version_change: Insert = change.on_conflict_do_update(
+            index_elements=["thread_id", "from_seq"],
+            set_={"code_version": change.excluded.code_version, "at": change.excluded.at},
+        )
         self.known_threads: Select[Any] = select(threads.c.id).where(
             threads.c.id.in_(bindparam("ids", expanding=True))
         )

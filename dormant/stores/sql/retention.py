@@ -187,7 +187,8 @@ class SQLRetention:
         timers, so that what is reported deleted is what was."""
         t = self._schema
         deleted: dict[str, int] = {}
-        for table in (t.items, t.calls, t.inbox, t.outbox, t.timers, t.pruned_ids, t.ledger):
+        owned = (t.items, t.calls, t.inbox, t.outbox, t.timers, t.pruned_ids, t.ledger)
+        for table in (*owned, t.version_changes):
             gone = conn.execute(delete(table).where(table.c.thread_id.in_(ids)))
             deleted[table.name] = gone.rowcount
         conn.execute(delete(t.threads).where(t.threads.c.id.in_(ids)))

@@ -9,8 +9,10 @@ from typing import Any
 
 from sqlalchemy import Connection, delete, func, select, update
 
-from dormant.stores.base import AgentCard, ThreadStatus, WorkerCard
+from dormant.stores.base import AgentCard, ThreadStatus, VersionSpan, WorkerCard
+from dormant.stores.records import version_spans
 from dormant.stores.sql.engine import retry_busy
+from dormant.stores.sql.statements import get_thread
 from dormant.stores.sql.tables import Schema, as_utc
 
 __all__ = ["SQLRoster"]
@@ -57,6 +59,16 @@ class SQLRoster:
         )
         with self._tx() as conn:
             return {(agent, version): n for agent, version, n in conn.execute(query)}
+
+    @retry_busy
+    def version_spans(self, thread_id: str) -> list[VersionSpan]:
+        table = self._schema.version_changes
+        query = select(table).where(table.c.thread_id == thread_id).order_by(table.c.from_seq)
+        with self._tx() as conn:
+            info = get_thread(conn, thread_id)
+            rows = conn.execute(query).mappings().all()
+        changes = [(r["from_seq"], r["code_version"], r["previous"], r["at"]) for r in rows]
+        return version_spans(info, changes)
 
 
 def _values(card: WorkerCard) -> dict[str, Any]:

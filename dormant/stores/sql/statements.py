@@ -264,6 +264,16 @@ def advance_thread(conn: Connection, commit: Commit, now: datetime) -> bool:
         add_spend(conn, commit.thread_id, found["root_id"], spend, now)
     elif run(conn, stmt, params).rowcount != 1:
         return False
+    change = commit.version_change
+    if change is not None:  # rare: a deploy met the thread
+        row = {
+            "thread_id": commit.thread_id,
+            "from_seq": change.from_seq,
+            "code_version": commit.code_version,
+            "previous": change.previous,
+            "at": now,
+        }
+        run(conn, ready.add_version_change, row)
     if commit.closed_reason:  # rare (a close from outside): its own statement
         threads = tables(conn).threads
         conn.execute(

@@ -57,6 +57,7 @@ __all__ = [
     "ThreadColumns",
     "TimerColumns",
     "UTCDateTime",
+    "VersionChangeColumns",
     "WorkerColumns",
     "metadata",
     "schema",
@@ -237,6 +238,17 @@ class WorkerColumns(SQLModel):
     seen_at: datetime = Field(sa_type=UTCDateTime)
 
 
+class VersionChangeColumns(SQLModel):
+    """A deploy met the thread: its slices from ``from_seq`` on ran ``code_version``, the
+    ones before ran ``previous`` (migration 0012). A thread one version ran has no row."""
+
+    thread_id: str = Field(sa_type=String)
+    from_seq: int = Field(sa_type=Integer)
+    code_version: str = Field(sa_type=String)
+    previous: str = Field(sa_type=String)
+    at: datetime = Field(sa_type=UTCDateTime)
+
+
 # The tables, per prefix ----------------------------------------------------------------
 
 
@@ -255,6 +267,7 @@ class Schema:
     pruned_ids: Table
     ledger: Table
     workers: Table
+    version_changes: Table
 
 
 @functools.cache
@@ -344,6 +357,12 @@ def schema(prefix: str = "") -> Schema:
             Index(None, "at"),
         ),
         workers=table(WorkerColumns, "workers"),
+        version_changes=table(
+            VersionChangeColumns,
+            "version_changes",
+            PrimaryKeyConstraint("thread_id", "from_seq"),
+            thread_fk(),
+        ),
     )
 
 
