@@ -26,7 +26,7 @@ from dormant.messages import Item, ToolResult
 from dormant.models import ScriptedModel, reply
 from dormant.models.base import Completion
 from dormant.models.scripted import call
-from dormant.runtime.outcomes import Failed, Idle, Left
+from dormant.runtime.outcomes import Failed, Idle, Left, Waiting
 from dormant.runtime.whereabouts import Elsewhere, Gone, Whereabouts, card_of, locate
 from dormant.stores.base import (
     CallState,
@@ -502,35 +502,37 @@ def test_dormant_retry_status_stalled_re_drives_every_stalled_thread_of_an_agent
     assert both.exit_code == 2 and "not both" in both.output
 
 
-def test_a_thread_newer_code_ran_never_goes_back_to_older_code_while_the_newer_is_up() -> None:
-    """A rolling deploy: once a v2 worker ran a thread's turn, the v1 worker still up
-    leaves its next turns to v2 (its turns never alternate); a thread only v1 ran yet is
-    still v1's to run, and moves to v2 at its next v2 turn."""
+def test_once_newer_code_is_up_older_workers_leave_the_agents_turns_and_tool_runs() -> None:
+    """A rolling deploy: from the moment a v2 worker is up, the v1 worker still up leaves
+    every turn and tool run of the agent to v2, whichever version ran the thread last (its
+    turns never alternate, and none runs on old code once new code is up); when no v2
+    worker is live any more (a deploy rolled back by stopping it), v1 runs them again."""
     from dormant.runtime.slice import run_slice
 
-    v1 = Agent("triage", model=ScriptedModel(lambda _items: reply("v1")), version="v1")
-    v2 = Agent("triage", model=ScriptedModel(lambda _items: reply("v2")), version="v2")
+    v1 = Agent("triage", model=_calls("status", build=7), tools=[status], version="v1")
+    v2 = Agent("triage", model=_calls("status", build=7), tools=[status], version="v2")
     h = Harness(v2)
     old = _roster(h, v1)  # deployed first
     h.deps = replace(h.deps, whereabouts=_roster(h, v2))
     old_deps = replace(h.deps, agents=AgentRegistry([v1]), whereabouts=old)
 
-    moved = h.launch("triage", "hello")
-    assert isinstance(h.step(moved), Idle) and h.store.thread(moved).code_version == "v2"
-    h.send(moved, "and again")
-    left = run_slice(moved, old_deps)
-    assert isinstance(left, Left) and "version v2 ran it last" in left.why
-    assert isinstance(h.step(moved), Idle)
-    assert [i.text for i in h.history(moved)[1::2]] == ["v2", "v2"]  # type: ignore[attr-defined]
+    thread_id = h.launch("triage", "hello")
+    left = run_slice(thread_id, old_deps)
+    assert isinstance(left, Left) and "version v2 was deployed after this worker's v1" in left.why
+    assert h.history(thread_id) == [], "nothing written by v1"
+    assert isinstance(h.step(thread_id), Waiting)
+    (row,) = h.outbox
+    ran = execute_outbox(row, h.store, old_deps.agents, h, h.callback_url, whereabouts=old)
+    assert isinstance(ran, NotHere), "v1 has the tool, but v2 is up: v2 runs it"
+    assert h.store.call(thread_id, row.call_id).state is CallState.PENDING
+    assert execute_outbox(row, h.store, h.deps.agents, h, h.callback_url) == Answered()
+    h.settle(thread_id)
+    assert [s.code_version for s in h.thread_versions(thread_id)] == ["v2"]
 
-    untouched = h.launch("triage", "hello")
-    assert isinstance(run_slice(untouched, old_deps), Idle)
-    assert h.store.thread(untouched).code_version == "v1"
-    h.send(untouched, "and again")
-    assert isinstance(h.step(untouched), Idle)
-    assert h.store.thread(untouched).code_version == "v2"
-    h.send(untouched, "once more")
-    assert isinstance(run_slice(untouched, old_deps), Left), "never back to v1"
+    later = datetime.now(UTC) + HOUR  # the v2 worker stopped: its card lapsed
+    h.send(thread_id, "and again")
+    assert isinstance(run_slice(thread_id, replace(old_deps, clock=lambda: later)), Waiting)
+    assert [s.code_version for s in h.thread_versions(thread_id)] == ["v2", "v1"]
 
 
 # Which code ran each slice ---------------------------------------------------------------

@@ -245,7 +245,7 @@ class _Slice(SliceWatch, SliceCommit):
             if isinstance(where, Elsewhere):
                 return leave(deps, self.thread_id, where.why), None
             return self._failed(snap.thread.failures, where.why, stall_after=1), None
-        newer = newer_code(deps, snap, agent.fingerprint)
+        newer = newer_code(deps, snap)
         if newer is not None:
             return leave(deps, self.thread_id, newer.why), None
         self.steering = agent.steering == "interrupt"

@@ -160,6 +160,7 @@ class Whereabouts:
         self._lock = threading.Lock()
         self._announced_at: datetime | None = None
         self._roster: tuple[datetime, list[WorkerCard]] | None = None
+        self._superseding: tuple[datetime, dict[str, Elsewhere]] | None = None
         self._withdrawn = threading.Event()
 
     @property
@@ -222,25 +223,37 @@ class Whereabouts:
             gone_after_s=self.gone_after_s,
         )
 
-    def newer(self, agent: str, version: str, now: datetime | None = None) -> Elsewhere | None:
-        """``Elsewhere`` when a worker deployed after this one runs ``agent`` at
-        ``version`` (the one a thread was last run by) and is live: a thread that newer
-        code has run never goes back to older code while the newer is up."""
+    def superseded(self, agent: str, now: datetime | None = None) -> Elsewhere | None:
+        """``Elsewhere`` when a live worker deployed after this one runs ``agent`` at
+        another version: once new code is up, the old runs nothing of that agent (no
+        slice, no tool run), so every turn after a deploy's first worker starts is the
+        new code's, and a thread's turns never alternate between the two. "After" is by
+        start time: a rollback's workers are the newest, and win the same way."""
         now = now or datetime.now(UTC)
+        with self._lock:
+            cached = self._superseding
+        if cached is None or now - cached[0] >= timedelta(seconds=ROSTER_CACHE_S):
+            cached = (now, self._newer_versions(self._read(now), now))
+            with self._lock:
+                self._superseding = cached
+        return cached[1].get(agent)
+
+    def _newer_versions(self, roster: list[WorkerCard], now: datetime) -> dict[str, Elsewhere]:
+        """Each of this worker's agents (by name and alias) that a live worker started
+        after it runs at another version."""
         live_since = now - timedelta(seconds=self.live_s)
-        for card in self._read(now):
-            have = card.agents.get(agent)
-            if (
-                have is not None
-                and have.version == version
-                and card.seen_at >= live_since
-                and card.started_at > self.card.started_at
-            ):
-                why = (
-                    f"agent {agent!r} version {version} ran it last; worker {card.worker_id} has it"
-                )
-                return Elsewhere(why)
-        return None
+        found: dict[str, Elsewhere] = {}
+        for card in roster:
+            if card.seen_at < live_since or card.started_at <= self.card.started_at:
+                continue
+            for name, theirs in card.agents.items():
+                mine = self.card.agents.get(name)
+                if mine is not None and theirs.version != mine.version and name not in found:
+                    found[name] = Elsewhere(
+                        f"agent {name!r} version {theirs.version} was deployed after this"
+                        f" worker's {mine.version}; worker {card.worker_id} has it"
+                    )
+        return found
 
     def _read(self, now: datetime) -> list[WorkerCard]:
         with self._lock:
@@ -262,15 +275,13 @@ def locate_agent(deps: SliceDeps, snap: Snapshot, missing: UnknownAgent) -> Else
     return deps.whereabouts.locate(snap.thread.agent, None, waiting_since, deps.clock())
 
 
-def newer_code(deps: SliceDeps, snap: Snapshot, fingerprint: str) -> Elsewhere | None:
-    """Whether the thread in ``snap`` was last run by a newer version of its agent than
-    this process's (``fingerprint``) that a live worker deployed after this one has: then
-    the slice is left to it, so a thread's turns never alternate between old and new code
-    during a rolling deploy. Only asked when the versions differ (rare outside a deploy)."""
-    last = snap.thread.code_version
-    if deps.whereabouts is None or not last or last == fingerprint:
+def newer_code(deps: SliceDeps, snap: Snapshot) -> Elsewhere | None:
+    """Whether a live worker deployed after this one runs the thread's agent at another
+    version (``Whereabouts.superseded``): then the slice is left to it. One dict lookup a
+    slice; the roster behind it is read at most every ``ROSTER_CACHE_S``."""
+    if deps.whereabouts is None:
         return None
-    return deps.whereabouts.newer(snap.thread.agent, last, deps.clock())
+    return deps.whereabouts.superseded(snap.thread.agent, deps.clock())
 
 
 def leave(deps: SliceDeps, thread_id: str, why: str) -> Left:

@@ -264,6 +264,9 @@ def _run(
             return CancelHookRan(False, f"not run: {missing}")
         sink.tool_result(row.thread_id, row.call_id, f"Error: {missing}", is_error=True)
         return Raised(missing)
+    newer = None if whereabouts is None else whereabouts.superseded(thread.agent)
+    if newer is not None:  # a deploy's new code is up: its workers run the agent's tools
+        return NotHere(newer.why)
     if row.action == "cancel":
         return CancelHookRan(tool.on_cancel is not None, _cancel(tool.on_cancel, ctx))
     if call.state is not CallState.PENDING:
