@@ -6,6 +6,7 @@ import html
 import json
 import re
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
@@ -327,3 +328,23 @@ def test_thread_state_gives_the_live_view_what_the_store_made_of_the_thread(
     assert 'class="bubble user queued"' in inbox["queued"]
     assert "are you there?" in inbox["queued"]
     assert guarded.status == 303 and unknown.status == 404
+
+
+def test_a_thread_shows_the_code_version_that_ran_it_and_each_one_before(tmp_path: Path) -> None:
+    """The list says which version ran each thread last; its page lists every version
+    that ran it, with the items each made (a deploy met this one)."""
+    url = f"sqlite:///{tmp_path}/versions.db"
+    v1 = Agent("echo", model=ScriptedModel(answer), version="v1")
+    with LocalSystem([v1], url) as old:
+        thread_id = old.launch("echo", "hello")
+        old.run_until_idle()
+    v2 = Agent("echo", model=ScriptedModel(answer), version="v2-<b>")
+    with LocalSystem([v2], url) as new:
+        new.send(thread_id, "after the deploy")
+        new.run_until_idle()
+        listing = get(Dashboard(new)).body.decode()
+        page = get(Dashboard(new), "thread", id=thread_id).body.decode()
+    assert "<td class='mono muted'>v2-&lt;b&gt;</td>" in listing
+    assert "code <b class='mono'>v2-&lt;b&gt;</b>" in page
+    card = page[page.index("<h3>Code versions</h3>") :]
+    assert card.index("v2-&lt;b&gt;</dt><dd>#3 on") < card.index("v1</dt><dd>#1 to #2")
