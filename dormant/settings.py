@@ -101,6 +101,9 @@ class Settings:
     prune_interval_s: float = 3600.0
     """How often beat runs ``dormant.prune`` when ``prune_older_than_s`` is set."""
     max_rounds_per_slice: int = 8
+    """Model calls one slice makes while every call of a completion is answered at once
+    (built-ins, invalid calls): then the slice commits and the next one goes on, so a long
+    run of such rounds is bounded per slice and ends where the budget says."""
     chunk_flush_s: float = 0.05
     """Streamed text is published to observers at most this often (coalesced chunks): a
     human cannot tell, and a slice makes one publish instead of one per chunk."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 import pytest
 
 from dormant import Agent, ToolContext, tool
+from dormant.budget import DEFAULT_MAX_COMPLETIONS_PER_MESSAGE
 from dormant.errors import CallAnswered, DuplicateMessage, SubscriptionCancelled, UnknownCall
 from dormant.messages import (
     EVENT_TOOL_NAME,
@@ -21,7 +22,9 @@ from dormant.messages import (
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.runtime.history import INTERRUPTED
+from dormant.runtime.outcomes import Failed
 from dormant.runtime.slice import Idle, Waiting
+from dormant.settings import Settings
 from dormant.stores.base import CallState, InboxState, Priority, ThreadStatus
 from tests.harness import Harness, results
 
@@ -337,12 +340,41 @@ def test_arguments_failing_the_schema_get_an_error_result() -> None:
     assert h.outbox == []
 
 
-def test_a_model_that_keeps_calling_invalid_tools_is_bounded_within_a_slice() -> None:
+def test_a_slice_out_of_rounds_queues_the_unread_results_and_the_next_one_goes_on() -> None:
+    """``max_rounds_per_slice`` bounds a slice, not the turn: the results the model has
+    not read yet go to the thread's inbox and the thread is woken, so the model sees them
+    in the next slice instead of the thread going idle on calls it never saw answered."""
+
+    def script(items: Sequence[Item]) -> Completion:
+        seen = len(results(items))
+        return reply(f"done after {seen} errors") if seen >= 3 else reply("", call("nope"))
+
+    a, model = agent_with(script)
+    h = Harness(a, settings=Settings(model_backoff_s=0.0, max_rounds_per_slice=2))
+    t = h.launch("a", "hi")
+    assert isinstance(h.step(t), Waiting) and h.woken[-1] == t
+    assert len(model.requests) == 2
+    (queued,) = h.store.inbox(t, InboxState.PENDING)
+    assert queued.message.kind == "result"
+    assert isinstance(h.step(t), Idle)
+    history = h.history(t)
+    assert history[-1] == AssistantTurn(text="done after 3 errors")
+    calls = [c.call_id for i in history if isinstance(i, AssistantTurn) for c in i.calls]
+    assert [r.call_id for r in results(history)] == calls, "each call one result, in order"
+
+
+def test_a_model_that_keeps_calling_invalid_tools_is_stopped_by_its_budget() -> None:
+    """Slice after slice, the loop ends where the per-message budget says: an answer."""
     a, model = agent_with(lambda items: reply("", call("nope")))
     h = Harness(a)
     t = h.launch("a", "hi")
-    assert isinstance(h.step(t), Idle)
-    assert len(model.requests) == h.settings.max_rounds_per_slice
+    for _ in range(DEFAULT_MAX_COMPLETIONS_PER_MESSAGE):
+        outcome = h.step(t)
+        if not isinstance(outcome, Waiting):
+            break
+    assert isinstance(outcome, Failed) and outcome.stalled
+    assert "max_completions_per_message" in outcome.error
+    assert len(model.requests) == DEFAULT_MAX_COMPLETIONS_PER_MESSAGE
 
 
 def test_a_tool_exception_becomes_an_error_result() -> None:

@@ -169,6 +169,8 @@ class SliceCommit:
             events.append(StatusChanged(thread_id=self.thread_id, status=status, detail=detail))
         for thread_id in {t for t, *_ in turn.enqueue} - {self.thread_id}:
             deps.dispatcher.wake(thread_id, Priority.BACKGROUND)  # its own: held back
+        if turn.continues:  # out of rounds, not stopped: the next slice goes on
+            deps.dispatcher.wake(self.thread_id, Priority.BACKGROUND)
         for outbox in rows:
             deps.dispatcher.dispatch(outbox)
             known = applied.calls.get(outbox.call_id)

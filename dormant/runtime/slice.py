@@ -333,6 +333,11 @@ class _Slice(SliceWatch, SliceCommit):
             visible += answered
             if not calls or turn.closing or has_pending(applied.calls):
                 return
+        # The rounds ran out on results the model has not read: they go to the thread's
+        # inbox, and the next slice, woken at once, shows them to the model. Committed as
+        # items, they would leave the thread idle with calls the model never saw answered.
+        hold_back(self.thread_id, answered, applied, turn)
+        turn.continues = bool(answered)
 
     def _compact(
         self,

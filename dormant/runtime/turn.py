@@ -27,6 +27,8 @@ class Turn:
     """Set when the slice calls its model: what it spent, against the budget."""
     code_version: str = ""
     """The version of the agent that ran the slice (``Agent.fingerprint``)."""
+    continues: bool = False
+    """The slice ran out of rounds and queued results for itself: wake the thread again."""
 
     @property
     def free_seq(self) -> int:
