@@ -20,6 +20,7 @@ from dormant.messages import (
 )
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.runtime.slice import Failed
+from dormant.settings import Settings
 from dormant.stores.base import Commit, NewThread, Store, StoredItem, ThreadStatus
 from tests.harness import Harness
 
@@ -335,3 +336,39 @@ def test_a_compaction_the_cost_limit_stops_before_its_reply_is_kept_and_paid_onc
     assert [type(i).__name__ for i in model.requests[-1].items] == ["Summary", "UserText"]
     assert h.history(t)[-1] == AssistantTurn(text="reply to UserText")
     assert h.store.thread(t).tree_cost == pytest.approx(2.9)
+
+
+def test_a_compaction_whose_reply_the_model_fails_is_kept_and_not_paid_for_again(
+    store: Store,
+) -> None:
+    """The summary is paid for when the reply fails: it is committed with what it cost, the
+    input stays queued, and the retry asks for the reply only."""
+    from dormant.errors import ModelRetryable
+
+    failing = [True]
+
+    def flaky(items: Sequence[Item]) -> Completion:
+        if isinstance(items[0], Summary) and failing[0]:
+            raise ModelRetryable("provider overloaded (529)")
+        return chat(items)
+
+    model = Chatty(flaky)
+    agent = Agent("a", model=model, compact_at=0.75)
+    settings = Settings(model_attempts=1, model_backoff_s=0.0, failure_backoff_s=0.0)
+    h = Harness(agent, store=store, settings=settings)
+    t = h.launch("a", "hello")
+    h.step(t)
+    h.send(t, "more")
+    failed = h.step(t)  # the compaction is paid for, then its reply fails
+    assert isinstance(failed, Failed) and not failed.stalled and "529" in failed.error
+    assert model.summaries == 1
+    assert h.history(t)[0] == Summary(text="summary #1", upto_seq=2)
+    assert [r.message.kind for r in h.store.inbox(t) if r.state.value == "pending"] == ["user"]
+    spent = h.store.usage(thread_id=t)["a"]
+    assert (spent.completions, spent.input_tokens) == (2, 900 + 100)
+
+    failing[0] = False
+    h.step(t)
+    assert model.summaries == 1, "not paid for again"
+    assert h.history(t)[-1] == AssistantTurn(text="reply to UserText")
+    assert h.store.usage(thread_id=t)["a"].completions == 3

@@ -218,20 +218,25 @@ class _Slice(SliceWatch, SliceCommit):
         except Exception as error:
             if self.committed:
                 raise  # the slice's work is stored; what is left the sweeper re-drives
-            # A provider's failure is expected and says all in one line; anything else is a
-            # bug somewhere, and its traceback is what finds it.
-            expected = isinstance(error, ModelError | BudgetExceeded)
-            log.warning(
-                "slice of thread %s failed: %s",
-                self.thread_id,
-                describe(error),
-                exc_info=not expected,
-            )
-            suspect = poison(deps.settings, snap, error)
-            if suspect is not None:
-                return self._quarantine(snap, suspect, describe(error)), suspect.id
-            stall_after = 1 if stalls_at_once(error) else None
-            return self._failed(snap.thread.failures, describe(error), stall_after), None
+            return self._fail(snap, error)
+
+    def _fail(self, snap: Snapshot, error: Exception) -> tuple[SliceOutcome, int | None]:
+        """Record a slice that failed: a failure counted (stalled at once for what no
+        retry mends), or its suspect message quarantined."""
+        # A provider's failure is expected and says all in one line; anything else is a
+        # bug somewhere, and its traceback is what finds it.
+        expected = isinstance(error, ModelError | BudgetExceeded)
+        log.warning(
+            "slice of thread %s failed: %s",
+            self.thread_id,
+            describe(error),
+            exc_info=not expected,
+        )
+        suspect = poison(self.deps.settings, snap, error)
+        if suspect is not None:
+            return self._quarantine(snap, suspect, describe(error)), suspect.id
+        stall_after = 1 if stalls_at_once(error) else None
+        return self._failed(snap.thread.failures, describe(error), stall_after), None
 
     def _apply(self, snap: Snapshot) -> tuple[SliceOutcome, int | None]:
         deps = self.deps
@@ -265,14 +270,15 @@ class _Slice(SliceWatch, SliceCommit):
                 return Steered(self.thread_id), self.seen
             except Throttled as throttled:  # nothing consumed; woken when capacity is back
                 return defer(deps, throttled), self.seen
-            except BudgetExceeded as spent:
-                if turn.meter is None or not turn.meter.spend.completions:
+            except (BudgetExceeded, ModelError) as error:
+                if not paid_summary(turn):
                     raise  # nothing was paid for: nothing to keep
-                # A compaction was, then the budget refused its reply: keep the summary.
+                # A compaction was, then the budget refused its reply or the model failed
+                # on it: keep the summary, so that no retry pays for it again.
                 overtaken = self._keep_summary(snap, turn)
                 if overtaken is not None:
                     return overtaken, None
-                return self._failed(snap.thread.failures, str(spent), stall_after=1), None
+                return self._fail(snap, error)
         committed = self._commit(snap, applied, turn)
         if turn.meter is not None and turn.meter.stopped and self.committed:
             return self._failed(0, turn.meter.stopped, stall_after=1), committed[1]
@@ -365,3 +371,9 @@ class _Slice(SliceWatch, SliceCommit):
         stored = turn.add(f"summary:{uuid.uuid4().hex}", summary)
         turn.usage = Usage()  # the old count no longer describes the history (a536c9f)
         return compacted([*visible, stored])
+
+
+def paid_summary(turn: Turn) -> bool:
+    """Whether the slice paid for a compaction summary it has not committed."""
+    return turn.meter is not None and any(isinstance(s.item, Summary) for s in turn.items)
+
