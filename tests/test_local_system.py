@@ -142,7 +142,7 @@ def test_many_threads_with_tools_run_concurrently_on_a_sqlite_file(tmp_path: Pat
         )
 
 
-def test_the_sweeper_outlives_a_store_that_fails_between_sweeps() -> None:
+def test_the_sweeper_outlives_a_store_that_fails_between_sweeps(tmp_path: Path) -> None:
     """The sweeper thread asks the store when the next timer is due between sweeps; an
     outage there (a database briefly unreachable) used to end the thread for good, so no
     timer of the process fired again."""
@@ -154,7 +154,8 @@ def test_the_sweeper_outlives_a_store_that_fails_between_sweeps() -> None:
 
     settings = Settings(secret_keys=("k",), sweep_interval_s=0.1)
     napper = Agent("napper", model=ScriptedModel(nap))
-    with LocalSystem([napper], settings=settings) as system:
+    url = f"sqlite:///{tmp_path}/sweeper.db"  # a file of the test's own, not the checkout's
+    with LocalSystem([napper], url, settings=settings) as system:
         failures = [ConnectionError("database unreachable")]
         next_due = system.store.next_timer_due
 
