@@ -277,7 +277,13 @@ def _consume_ours(celery_app: Celery) -> None:
 
 @functools.cache
 def _default_app() -> Celery:
-    settings = Settings.from_env()
+    """The app of ``celery -A dormant.worker``, from ``DORMANT_*``. A bad variable ends
+    the command with one line: Celery would print its traceback under "Unable to load
+    celery application" (an application builds its own with ``create_app``)."""
+    try:
+        settings = Settings.from_env()
+    except ConfigurationError as error:
+        raise SystemExit(f"error: {error}") from None
     if settings.agents_module:
         return create_app(settings)
     app = bare_app(settings, None)

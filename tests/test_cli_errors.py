@@ -287,6 +287,21 @@ def test_a_celery_worker_refuses_to_start_without_a_secret_key(
     assert "celery@" not in ran.out  # no banner: the worker never started
 
 
+def test_a_celery_worker_with_a_bad_setting_says_which_in_one_line(empty_dir: Path) -> None:
+    ran = run(
+        empty_dir,
+        *("-A", "dormant.worker", "worker", "-P", "threads"),
+        program=CELERY,
+        DORMANT_AGENTS="dormant.demo",
+        DORMANT_SWEEP_INTERVAL_S="abc",
+    )
+    assert ran.code == 1 and "Traceback" not in ran.err, ran.err
+    assert (
+        ran.err.strip().splitlines()[-1] == "error: DORMANT_SWEEP_INTERVAL_S='abc' is not a number"
+    )
+    assert "Unable to load celery application" not in ran.err
+
+
 # --debug, --version ---------------------------------------------------------------------
 
 
