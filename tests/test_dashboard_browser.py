@@ -410,10 +410,17 @@ def test_the_family_tree_follows_children_spawned_after_the_page_opened(browser:
                 " li.querySelector('.badge').textContent])",
             )
             head = page.text_content(".head .badge")
+            clipped = page.eval_on_selector_all(
+                "#side ul.tree li",
+                "lis => lis.filter(li => li.scrollWidth > li.clientWidth).length",
+            )
+            stray = page.locator("#items li.line").all_text_contents()
             page.close()
         status = system.thread(parent).status.value
 
     assert tree_at_load == 0
     assert len(children) == 2 and dict(shown) == children
     assert head == status
+    assert clipped == 0, "every thread's id, status and agent are readable in the tree"
+    assert stray == [], "dispatches show on their calls, not as lines after the last item"
     assert errors == []

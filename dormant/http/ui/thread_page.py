@@ -239,10 +239,10 @@ def _tree(client: BaseClient, info: ThreadInfo, root: str) -> str:
 
 
 def _versions(client: BaseClient, info: ThreadInfo) -> str:
-    """The versions of the agent that ran the thread, newest first, each with the items it
-    made (a deploy that met the thread starts a span: docs/upgrades.md)."""
+    """Once a deploy met the thread: the versions of the agent that ran it, newest first,
+    each with the items it made (docs/upgrades.md)."""
     spans = client.store.version_spans(info.id)
-    if len(spans) == 1 and not spans[0].code_version:
+    if len(spans) == 1:  # one version ran it all: the header says which
         return ""
     ends = [later.from_seq - 1 for later in spans[1:]] + [None]
     rows = []

@@ -145,11 +145,9 @@ function live(box) {
     items.append(itemNode(d.seq, d.item));
     refresh();
   });
-  source.addEventListener("dispatched", (e) => {
-    const d = data(e);
-    items.append(el("li", "line", `dispatched ${d.name} ${d.call_id}`));
-    refresh();
-  });
+  // A dispatched call is shown where it was made (its state) and under "Waiting for":
+  // a line of its own at the end of the timeline read as a new item.
+  source.addEventListener("dispatched", () => refresh());
   source.addEventListener("retry", (e) => {
     dropPartial();
     items.append(el("li", "line", `turn retried: ${data(e).reason}`));
