@@ -632,3 +632,27 @@ def test_a_parent_whose_child_stalled_says_so_where_it_shows_idle(tmp_path: Path
     assert stalled["id"] == kid.id and "misconfigured" in stalled["last_error"]
     text = CliRunner().invoke(app, ["show", root, "--database-url", url], env={"COLUMNS": "300"})
     assert f"child {kid.id} stalled" in text.output
+
+
+def test_tool_runs_of_an_agent_no_worker_has_wait_pending_and_run_when_it_is_back() -> None:
+    """Every worker lost the agent for a while (a bad deploy rolled back): its threads'
+    tool runs are left, never answered "unknown agent", and run once it is deployed again."""
+    ops = Agent("ops", model=_calls("status", build=9), tools=[status])
+    h = Harness(ops)
+    thread_id = h.launch("ops", "how is build 9?")
+    h.step(thread_id)
+    (row,) = h.outbox
+    _roster(h, ops).withdraw()  # the last worker with "ops" stopped moments ago
+    without = AgentRegistry([_agent(status)])
+    where = _roster(h, *without.values())
+    for _ in range(3):  # every sweep sends it again; each run leaves it
+        left = execute_outbox(row, h.store, without, h, h.callback_url, whereabouts=where)
+        assert isinstance(left, NotHere) and "agent 'ops'" in left.why
+    assert h.store.call(thread_id, row.call_id).state is CallState.PENDING
+    assert h.store.inbox(thread_id, InboxState.PENDING) == [], "nothing answered for it"
+
+    back = _roster(h, ops)  # deployed again
+    ran = execute_outbox(row, h.store, h.deps.agents, h, h.callback_url, whereabouts=back)
+    assert ran == Answered()
+    h.settle(thread_id)
+    assert h.history(thread_id)[-1].text == "answered: build 9: green"  # type: ignore[union-attr]
