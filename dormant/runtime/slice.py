@@ -376,4 +376,3 @@ class _Slice(SliceWatch, SliceCommit):
 def paid_summary(turn: Turn) -> bool:
     """Whether the slice paid for a compaction summary it has not committed."""
     return turn.meter is not None and any(isinstance(s.item, Summary) for s in turn.items)
-
