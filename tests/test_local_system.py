@@ -122,9 +122,13 @@ def test_a_model_calling_a_tool_its_agent_lacks_gets_errors_and_the_system_stays
     )
     with LocalSystem([broken], "memory://") as system:
         thread_id = system.launch("broken", "go")
-        system.run_until_idle()
+        # It calls the missing tool for ever: slice after slice, until its budget says stop.
+        report = system.run_until_idle(raise_on_failure=False)
         result = next(i for i in system.history(thread_id) if isinstance(i, ToolResult))
         assert result.is_error and "does not exist" in result.content
+        (failed,) = report.failed
+        assert "budget: max_completions_per_message 50/50" in failed.error
+        assert system.thread(thread_id).status is ThreadStatus.STALLED
 
 
 def test_many_threads_with_tools_run_concurrently_on_a_sqlite_file(tmp_path: Path) -> None:
