@@ -16,6 +16,7 @@ from dormant.messages import EVENT_TOOL_NAME
 from dormant.models.base import Model, ModelSettings, ToolSpec
 from dormant.models.prices import DEFAULT_PRICES, Price
 from dormant.stores.base import CallRecord, CallState, ThreadInfo
+from dormant.tools.approval import ApprovalRule
 from dormant.tools.base import Tool
 from dormant.tools.builtins import BUILTINS, THREAD_TOOLS, offered_builtins
 
@@ -64,6 +65,9 @@ class Agent:
     fingerprint of its instructions, model and tool schemas (``fingerprint``)."""
     aliases: Sequence[str] = ()
     """Earlier names of this agent: threads launched under one of them run this agent."""
+    approval: Mapping[str, ApprovalRule] = field(default_factory=dict)
+    """Approval by tool name pattern (``{"github.*": True}``), for tools that are not this
+    agent's own code (MCP, HTTP, built-ins); a tool's own ``approval`` comes first."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():

@@ -27,6 +27,8 @@ class Turn:
     """Set when the slice calls its model: what it spent, against the budget."""
     code_version: str = ""
     """The version of the agent that ran the slice (``Agent.fingerprint``)."""
+    cancel_timers: list[str] = field(default_factory=list)
+    """Call ids whose unfired timers go (approvals decided or interrupted)."""
 
     @property
     def free_seq(self) -> int:

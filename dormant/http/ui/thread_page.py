@@ -13,6 +13,8 @@ from dormant.budget import BUDGET_KEY
 from dormant.errors import UnknownThread
 from dormant.http.ui.html import ago, badge, esc, href, json_block, short
 from dormant.messages import (
+    ApprovalDecision,
+    ApprovalRequest,
     AssistantTurn,
     ChildReport,
     EventMessage,
@@ -259,6 +261,9 @@ def _queued(row: InboxRow) -> str:
             | ParentMessage(call_id=call_id, content=text)
         ):
             who, kind = f"{esc(row.message.kind)} on <code>{esc(call_id)}</code>", "event"
+        case ApprovalDecision(call_id=call_id, decision=decision, by=by):
+            who, kind = f"decision on <code>{esc(call_id)}</code>", "event"
+            text = f"{decision} by {by}"
     return (
         f'<li class="bubble {kind} queued" data-inbox="{row.id}">'
         f'<span class="seq">{state}</span><span class="who">{who} <em>{state}</em></span>'
@@ -298,5 +303,19 @@ def _item(stored: StoredItem, info: ThreadInfo, calls: dict[str, CallRecord]) ->
             kind = "summary"
             body = (
                 f'<span class="who">summary up to #{upto}</span><div class="text">{esc(text)}</div>'
+            )
+        case ApprovalRequest(name=name, call_id=call_id, args=args, digest=digest):
+            kind = "event"
+            body = (
+                f'<span class="who">approval asked for <b>{esc(name)}</b> '
+                f'<code>{esc(call_id)}</code></span><div class="text">'
+                f"{esc(json.dumps(args, sort_keys=True))} (digest {esc(digest)})</div>"
+            )
+        case ApprovalDecision(call_id=call_id, decision=decision, by=by, channel=channel) as made:
+            kind = "event"
+            why = f": {made.reason}" if made.reason else ""
+            body = (
+                f'<span class="who">{esc(decision)} <code>{esc(call_id)}</code> by {esc(by)} '
+                f'via {esc(channel)}</span><div class="text">{esc(why)}</div>'
             )
     return f'<li class="bubble {kind}{cls}" data-seq="{stored.seq}">{seq}{body}</li>'
