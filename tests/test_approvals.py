@@ -25,6 +25,7 @@ from dormant.messages import (
     ApprovalRequest,
     Item,
     StatusChanged,
+    ToolResult,
     UserText,
 )
 from dormant.models import ScriptedModel, call, reply
@@ -297,3 +298,107 @@ def test_the_model_never_sees_approval_items(store: Store) -> None:
     assert {ApprovalRequest, ApprovalDecision} <= kinds  # the audit trail is in the history
     parts = flatten(model.requests[-1].items)
     assert not any("approval" in repr(p).lower() for p in parts)
+
+
+def test_a_childs_approval_is_listed_on_its_root(store: Store) -> None:
+    def script(items: Sequence[Item]) -> Completion:
+        last = items[-1]
+        if isinstance(last, UserText):
+            return reply("", call("spawn_thread", instructions="refund o9"))
+        if isinstance(last, ToolResult) and last.content.startswith("You are now inside"):
+            return reply("", call("refund", "c_child", order_id="o9", amount=120.0))
+        return reply("waiting")
+
+    agent = Agent("clerk", model=ScriptedModel(script), tools=[refund], threads=True)
+    h = Harness(agent, store=store)
+    root = h.launch("clerk", "delegate")
+    h.drain()
+    [held] = h.pending_approvals(root_id=root)
+    assert held.thread_id != root and held.root_id == root and held.call_id == "c_child"
+    assert h.pending_approvals(root_id="thr_other") == []
+    h.approve(held.thread_id, "c_child", by="alice", digest=held.digest)
+    h.drain()
+    assert RAN == [("refund", {"order_id": "o9", "amount": 120.0})]
+
+
+def test_a_client_without_the_agents_code_leaves_the_edit_check_to_the_slice(
+    store: Store,
+) -> None:
+    h, _ = _harness(store, _refund_and_lookup())
+    t = h.launch("clerk", "refund o1")
+    h.settle(t)
+    agents, h.agents = h.agents, None  # a bare Client: it cannot check the schema
+    h.edit(t, "c_refund", {"order_id": "o1", "amount": "lots"}, by="carol")
+    h.agents = agents
+    h.settle(t)
+    [result] = [r for r in results(h.history(t)) if r.call_id == "c_refund"]
+    assert result.is_error and "were refused" in result.content and "amount" in result.content
+    assert not any(name == "refund" for name, _ in RAN)
+
+
+def test_local_system_holds_and_decides_with_its_own_loop(tmp_path: Any) -> None:
+    from dormant import LocalSystem
+
+    model = _script(_refund_and_lookup())
+    agent = Agent("clerk", model=model, tools=[refund, lookup])
+    with LocalSystem([agent], database_url=f"sqlite:///{tmp_path}/d.db") as system:
+        t = system.launch("clerk", "refund o1")
+        system.run_until_idle()
+        [held] = system.pending_approvals()
+        assert system.thread(t).status.value == "waiting"
+        system.approve(t, held.call_id, by="alice", digest=held.digest)
+        system.run_until_idle()
+        assert RAN.count(("refund", {"order_id": "o1", "amount": 250.0})) == 1
+        assert system.thread(t).status.value == "idle"
+
+
+@pytest.mark.parametrize("open_store", ["sqlite", "postgres"], indirect=True)
+def test_two_processes_racing_to_decide_run_the_tool_once(open_store: Any) -> None:
+    import threading
+
+    h, _ = _harness(open_store(), _refund_and_lookup())
+    other, _ = _harness(open_store(), _refund_and_lookup())  # another process's client
+    t = h.launch("clerk", "refund o1")
+    h.settle(t)
+    start = threading.Barrier(2)
+    outcomes: list[str] = []
+
+    def decide(client: Harness, how: str) -> None:
+        start.wait()
+        try:
+            if how == "approve":
+                client.approve(t, "c_refund", by=how)
+            else:
+                client.reject(t, "c_refund", by=how)
+            outcomes.append(how)
+        except AlreadyDecided:
+            outcomes.append("already decided")
+
+    racers = [
+        threading.Thread(target=decide, args=(h, "approve")),
+        threading.Thread(target=decide, args=(other, "reject")),
+    ]
+    for racer in racers:
+        racer.start()
+    for racer in racers:
+        racer.join(timeout=30)
+    assert sorted(outcomes).count("already decided") == 1
+    h.settle(t)
+    [result] = [r for r in results(h.history(t)) if r.call_id == "c_refund"]
+    assert [name for name, _ in RAN].count("refund") == (0 if result.is_error else 1)
+    decisions = [i for i in h.history(t) if isinstance(i, ApprovalDecision)]
+    assert len(decisions) == 1
+
+
+def test_a_crash_between_the_decision_and_the_dispatch_dispatches_once(store: Store) -> None:
+    h, _ = _harness(store, _refund_and_lookup())
+    t = h.launch("clerk", "refund o1")
+    h.settle(t)
+    h.approve(t, "c_refund", by="alice")
+    h.crash_at("after_commit", lambda: h.step(t))  # the decision is applied, not dispatched
+    assert h.outbox == []
+    h.sweep()  # the sweeper finds the undispatched row
+    h.sweep()
+    h.settle(t)
+    assert [name for name, _ in RAN].count("refund") == 1
+    assert len([r for r in results(h.history(t)) if r.call_id == "c_refund"]) == 1
