@@ -228,11 +228,12 @@ class ApprovalMethods:
         root_id: str | None = None,
         agent: str | None = None,
         older_than_s: float | None = None,
+        now: datetime | None = None,
         limit: int = 100,
     ) -> list[PendingApproval]:
         """Calls held for a decision, oldest first: across a whole tree (``root_id``), of
-        one agent, or waiting longer than ``older_than_s``."""
-        now = datetime.now(UTC)
+        one agent, or waiting longer than ``older_than_s`` at ``now`` (default: now)."""
+        now = now or datetime.now(UTC)
         return pending(
             self.store,
             root_id=root_id,

@@ -1,0 +1,70 @@
+"""On real Celery workers: a call held for approval holds no worker while it waits (the
+workers may all be gone), and an approval decided days later runs the tool with the
+approved arguments exactly once."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from conftest import Deployment, wait_until
+
+from dormant.errors import AlreadyDecided
+from dormant.messages import AssistantTurn, ToolResult
+from dormant.stores.base import ThreadStatus
+
+
+def test_an_approval_decided_days_later_runs_the_approved_call_once(
+    deploy: Callable[..., Deployment],
+) -> None:
+    d = deploy(DORMANT_AGENTS="approval_agents")
+    first = d.start_worker("w1")
+    d.start_beat()
+    d.wait_ready(first)
+    client = d.client()
+    thread_id = client.launch("payer", "pay acme")
+
+    def held() -> bool:
+        answered = [i for i in client.history(thread_id) if isinstance(i, ToolResult)]
+        return len(client.pending_approvals(root_id=thread_id)) == 1 and len(answered) == 1
+
+    wait_until(held, 60, "the payment to be held and the balance answered", check=d.check_alive)
+    [approval] = client.pending_approvals(root_id=thread_id)
+    assert approval.args == {"account": "acme", "amount": 250.0}
+    assert approval.prompt == "Pay 250.0 to acme?"
+
+    # Days pass: no worker runs at all meanwhile; the thread is only stored rows.
+    d.expected_deaths.add("w1")
+    first.kill()
+    later = datetime.now(UTC) + timedelta(days=3)
+    assert [p.call_id for p in client.pending_approvals(older_than_s=2 * 86_400, now=later)] == [
+        "c_pay"
+    ]
+    assert client.pending_approvals(older_than_s=4 * 86_400, now=later) == []
+    assert client.thread(thread_id).status is ThreadStatus.WAITING
+    assert d.redis.llen(d.key("paid")) == 0
+
+    second = d.start_worker("w2")
+    d.wait_ready(second)
+    client.approve(thread_id, "c_pay", by="alice", digest=approval.digest, channel="test")
+    with pytest.raises(AlreadyDecided):
+        client.approve(thread_id, "c_pay", by="bob", digest=approval.digest)
+    wait_until(
+        lambda: client.history(thread_id)[-1:] == [AssistantTurn(text="done after 2 results")],
+        60,
+        "the approved payment to run and the model to answer",
+        check=d.check_alive,
+        poll_s=0.2,
+    )
+    paid = [json.loads(p) for p in d.redis.lrange(d.key("paid"), 0, -1)]
+    assert paid == [{"account": "acme", "amount": 250.0}]
+    # Absence shows only over time: for a few sweeps more, nothing runs again.
+    watch_until = time.monotonic() + 3
+    while time.monotonic() < watch_until:
+        d.check_alive()
+        assert d.redis.llen(d.key("paid")) == 1
+        time.sleep(0.5)
+    assert client.pending_approvals(root_id=thread_id) == []
