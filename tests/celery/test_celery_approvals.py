@@ -68,3 +68,57 @@ def test_an_approval_decided_days_later_runs_the_approved_call_once(
         assert d.redis.llen(d.key("paid")) == 1
         time.sleep(0.5)
     assert client.pending_approvals(root_id=thread_id) == []
+
+
+def test_the_command_line_lists_and_decides_approvals(
+    deploy: Callable[..., Deployment],
+) -> None:
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    runner = CliRunner()
+    d = deploy(DORMANT_AGENTS="approval_agents")
+    worker = d.start_worker("w1", concurrency=2)
+    d.wait_ready(worker)
+    client = d.client()
+    thread_id = client.launch("payer", "pay acme")
+    wait_until(
+        lambda: len(client.pending_approvals(root_id=thread_id)) == 1,
+        60,
+        "the payment to be held",
+        check=d.check_alive,
+    )
+    listed = runner.invoke(app, ["approvals", "list", "--json"], env=d.env)
+    assert listed.exit_code == 0, listed.output
+    [shown] = json.loads(listed.output)
+    assert (shown["thread_id"], shown["call_id"], shown["tool"]) == (thread_id, "c_pay", "pay")
+    text = runner.invoke(app, ["approvals", "list", "--root", thread_id], env=d.env)
+    assert "Pay 250.0 to acme?" in text.output and shown["digest"] in text.output
+
+    def decide(*args: str) -> tuple[int, str]:
+        done = runner.invoke(app, ["approvals", *args], env=d.env)
+        return done.exit_code, done.output
+
+    code, out = decide("approve", thread_id, "c_pay", "--digest", "f" * 32, "--by", "ops")
+    assert code == 1 and "does not match the stored arguments" in out
+    code, out = decide("edit", thread_id, "c_pay", '{"account": "acme", "amount": "x"}')
+    assert code == 1 and "amount" in out
+    code, out = decide("edit", thread_id, "c_pay", "[1]")
+    assert code == 2 and "JSON object" in out
+    new_args = '{"account": "acme", "amount": 90.0}'
+    code, out = decide("edit", thread_id, "c_pay", new_args, "--digest", shown["digest"])
+    assert code == 0, out
+    code, out = decide("reject", thread_id, "c_pay", "--by", "late")
+    assert code == 1 and "already decided" in out
+    wait_until(
+        lambda: client.history(thread_id)[-1:] == [AssistantTurn(text="done after 2 results")],
+        60,
+        "the edited payment to run",
+        check=d.check_alive,
+        poll_s=0.2,
+    )
+    paid = [json.loads(p) for p in d.redis.lrange(d.key("paid"), 0, -1)]
+    assert paid == [{"account": "acme", "amount": 90.0}]
+    code, out = decide("list")
+    assert code == 0 and "no calls await approval" in out
