@@ -12,6 +12,7 @@ decision win even between two processes, and the slice applies it in the thread'
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
@@ -27,8 +28,10 @@ from dormant.errors import (
     NotAwaitingApproval,
     UnknownAgent,
 )
+from dormant.http.tokens import approval_link
 from dormant.messages import ApprovalDecision, ApprovalRequest, Inbound
 from dormant.runtime.approvals import DECISION_PREFIX, decision_id, request_id
+from dormant.settings import Settings
 from dormant.stores.base import CallState, Priority, QueryStore, Store
 from dormant.tools.approval import Approval, ApprovalContext
 
@@ -209,6 +212,7 @@ class ApprovalMethods:
 
     store: Store
     agents: AgentRegistry | None
+    settings: Settings
 
     def _enqueue(
         self,
@@ -242,6 +246,33 @@ class ApprovalMethods:
             now=now,
             limit=limit,
         )
+
+    def approval_links(
+        self, thread_id: str, call_id: str, *, by: str, ttl_s: float = 7 * 86_400.0
+    ) -> dict[str, str]:
+        """One-click links (``dormant serve``) that approve or reject the held call as
+        ``by``, for email or chat: each signed for that call, decision, person and the
+        stored arguments' digest, valid ``ttl_s``. A GET shows a confirmation page; only
+        its button (a POST) decides."""
+        request = find_request(self.store, thread_id, call_id)
+        if request is None:
+            self.store.call(thread_id, call_id)  # ``UnknownCall`` first, if it is that
+            raise NotAwaitingApproval(thread_id, call_id)
+        expires_at_s = int(time.time() + ttl_s)
+        return {
+            decision: approval_link(
+                self.settings.callback_base_url,
+                self.settings.secret_keys,
+                thread_id,
+                call_id,
+                decision,
+                request.digest,
+                by,
+                expires_at_s,
+            )
+            for decision in ("approve", "reject")
+            if decision in request.decisions
+        }
 
     def approve(
         self,
