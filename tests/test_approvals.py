@@ -402,3 +402,33 @@ def test_a_crash_between_the_decision_and_the_dispatch_dispatches_once(store: St
     h.settle(t)
     assert [name for name, _ in RAN].count("refund") == 1
     assert len([r for r in results(h.history(t)) if r.call_id == "c_refund"]) == 1
+
+
+@pytest.mark.parametrize("open_store", ["sqlite", "postgres"], indirect=True)
+def test_a_timeout_fires_exactly_once_across_a_restart(open_store: Any) -> None:
+    h, _ = _harness(open_store(), _refund_and_lookup())
+    t = h.launch("clerk", "refund o1")
+    h.settle(t)
+    h.store.close()  # the process dies with the approval pending
+    later = datetime.now(UTC) + timedelta(days=2)
+    first, second = open_store(), open_store()  # two sweepers of the restarted deployment
+    fired = first.fire_due_timers(later) + second.fire_due_timers(later)
+    assert [row.message_id for row in fired] == ["approval:c_refund"]
+    restarted, _ = _harness(open_store(), _refund_and_lookup())
+    restarted.settle(t)
+    assert len([r for r in results(restarted.history(t)) if r.call_id == "c_refund"]) == 1
+    assert not any(name == "refund" for name, _ in RAN)
+
+
+def test_the_invariant_checker_finds_nothing_wrong_with_approvals(store: Store) -> None:
+    from dormant.ops.check import check_store
+
+    h, _ = _harness(store, _refund_and_lookup())
+    approved, rejected, held = (h.launch("clerk", f"refund {n}") for n in range(3))
+    for t in (approved, rejected, held):
+        h.settle(t)
+    h.approve(approved, "c_refund", by="alice")
+    h.reject(rejected, "c_refund", by="bob")
+    for t in (approved, rejected):
+        h.settle(t)
+    assert check_store(h.store) == []
