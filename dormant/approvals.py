@@ -12,6 +12,7 @@ decision win even between two processes, and the slice applies it in the thread'
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -32,8 +33,9 @@ from dormant.http.tokens import approval_link
 from dormant.messages import ApprovalDecision, ApprovalRequest, Inbound
 from dormant.runtime.approvals import DECISION_PREFIX, decision_id, request_id
 from dormant.settings import Settings
-from dormant.stores.base import CallState, Priority, QueryStore, Store
+from dormant.stores.base import CallRecord, CallState, Priority, QueryStore, Store, ThreadInfo
 from dormant.tools.approval import Approval, ApprovalContext
+from dormant.tools.outcomes import Notified
 
 __all__ = [
     "Approval",
@@ -42,10 +44,13 @@ __all__ = [
     "PendingApproval",
     "build_decision",
     "find_request",
+    "notify_requested",
     "pending",
 ]
 
 Decision = Literal["approve", "reject", "edit"]
+
+log = logging.getLogger("dormant.approvals")
 
 
 @dataclass(frozen=True)
@@ -91,24 +96,51 @@ def pending(
             continue
         if _queued(store, thread.id, timer.call_id) is not None:
             continue  # decided; the thread has not applied it yet
-        held = PendingApproval(
-            thread_id=thread.id,
-            root_id=thread.root_id,
-            agent=thread.agent,
-            call_id=request.call_id,
-            tool=request.name,
-            args=request.args,
-            digest=request.digest,
-            decisions=request.decisions,
-            prompt=request.prompt,
-            requested_at=request.requested_at,
-            expires_at=request.expires_at,
-            on_timeout=request.on_timeout,
-            code_version=request.code_version,
-        )
+        held = _pending(thread, request)
         if older_than_s is None or held.age_s(now) >= older_than_s:
             found.append(held)
     return sorted(found, key=lambda p: p.requested_at)
+
+
+def _pending(thread: ThreadInfo, request: ApprovalRequest) -> PendingApproval:
+    return PendingApproval(
+        thread_id=thread.id,
+        root_id=thread.root_id,
+        agent=thread.agent,
+        call_id=request.call_id,
+        tool=request.name,
+        args=request.args,
+        digest=request.digest,
+        decisions=request.decisions,
+        prompt=request.prompt,
+        requested_at=request.requested_at,
+        expires_at=request.expires_at,
+        on_timeout=request.on_timeout,
+        code_version=request.code_version,
+    )
+
+
+def notify_requested(
+    store: QueryStore, agents: AgentRegistry, thread: ThreadInfo, call: CallRecord
+) -> Notified:
+    """Run the agent's ``on_approval_requested`` for a held call (a "notify" outbox row);
+    nothing once the call was decided or the hook is gone."""
+    try:
+        hook = agents.get_agent(thread.agent).on_approval_requested
+    except UnknownAgent:
+        hook = None
+    request = find_request(store, thread.id, call.call_id)
+    open_ = call.state is CallState.PENDING and _decided(store, thread.id, call.call_id) is None
+    if hook is None or request is None or not open_:
+        return Notified(skipped=True)
+    try:
+        hook(_pending(thread, request))
+    except Exception as error:
+        log.exception(
+            "on_approval_requested failed for call %s of thread %s", call.call_id, thread.id
+        )
+        return Notified(f"{type(error).__name__}: {error}")
+    return Notified()
 
 
 def find_request(store: QueryStore, thread_id: str, call_id: str) -> ApprovalRequest | None:

@@ -432,3 +432,45 @@ def test_the_invariant_checker_finds_nothing_wrong_with_approvals(store: Store) 
     for t in (approved, rejected):
         h.settle(t)
     assert check_store(h.store) == []
+
+
+def test_on_approval_requested_runs_off_the_slice_once_per_held_call(store: Store) -> None:
+    told: list[Any] = []
+    h, _ = _harness(store, _refund_and_lookup(), on_approval_requested=told.append)
+    t = h.launch("clerk", "refund o1")
+    h.step(t)
+    assert told == []  # not in the slice: an outbox row, run like a tool
+    assert sorted(row.action for row in h.outbox) == ["notify", "tool"]
+    h.settle(t)
+    [notice] = told
+    assert (notice.thread_id, notice.call_id, notice.prompt) == (
+        t,
+        "c_refund",
+        "Refund 250.0 to o1?",
+    )
+    h.sweep(lost=True)  # a re-sent row finds it ran: nobody is told twice
+    h.run_tools()
+    assert len(told) == 1
+
+
+def test_a_failing_hook_is_logged_and_the_call_still_awaits(
+    store: Store, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken(_approval: Any) -> None:
+        raise RuntimeError("slack is down")
+
+    h, _ = _harness(store, _refund_and_lookup(), on_approval_requested=broken)
+    t = h.launch("clerk", "refund o1")
+    h.settle(t)
+    assert "slack is down" in caplog.text
+    assert [p.call_id for p in h.pending_approvals()] == ["c_refund"]
+
+
+def test_a_call_decided_before_its_notice_runs_tells_nobody(store: Store) -> None:
+    told: list[Any] = []
+    h, _ = _harness(store, _refund_and_lookup(), on_approval_requested=told.append)
+    t = h.launch("clerk", "refund o1")
+    h.step(t)
+    h.reject(t, "c_refund", by="bob")
+    h.settle(t)
+    assert told == []

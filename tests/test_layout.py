@@ -42,7 +42,7 @@ PUBLIC = {
     "dormant.local": {"LocalSystem", "open_store"},
     "dormant.approvals": {
         "Approval", "ApprovalContext", "ApprovalMethods", "PendingApproval", "build_decision",
-        "find_request", "pending",
+        "find_request", "notify_requested", "pending",
     },
     "dormant.settings": {"ENV_NAMES", "Settings", "redact"},
     "dormant.callbacks": {"callback_app"},

@@ -103,6 +103,8 @@ def ask_approval(
         NewTimer(call.call_id, expires_at or NEVER, decision_id(call.call_id), timeout)
     )
     applied.awaiting.add(call.call_id)
+    if agent.on_approval_requested is not None:  # run off the slice, at least once
+        turn.outbox.append((call.call_id, "notify"))
     return True
 
 
