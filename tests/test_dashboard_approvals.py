@@ -109,3 +109,34 @@ def test_an_edit_from_the_queue_is_checked_and_a_stale_page_is_refused(
     system.run_until_idle()
     assert not any(name == "refund" for name, _ in RAN)
     assert len([r for r in results(system.history(t)) if r.call_id == "c_refund"]) == 1
+
+
+def test_flask_serves_the_queue_behind_the_host_apps_auth(system: LocalSystem) -> None:
+    from flask import Flask, request
+
+    from dormant.contrib.dashboard import flask_blueprint
+
+    t = _held(system)
+    app = Flask(__name__)
+    allow = lambda: request.headers.get("X-Operator") == "yes"  # noqa: E731
+    app.register_blueprint(
+        flask_blueprint(lambda: system, allow=allow, actions=True), url_prefix="/ops/dormant"
+    )
+    web = app.test_client()
+    operator = {"X-Operator": "yes"}
+    assert web.get("/ops/dormant/approvals").status_code == 403
+    page = web.get("/ops/dormant/approvals", headers=operator).get_data(as_text=True)
+    assert 'data-call="c_refund"' in page
+    start = page.index('name="decision" value="approve"')
+    fields = dict(
+        re.findall(r'name="(\w+)" value="([^"]*)"', page[page.rindex("<form", 0, start) : start])
+    )
+    form = {k: html.unescape(v) for k, v in fields.items()}
+    form |= {"decision": "approve", "by": "flask-op"}
+    assert web.post("/ops/dormant/approvals/decide", data=form).status_code == 403
+    done = web.post("/ops/dormant/approvals/decide", data=form, headers=operator)
+    assert done.status_code == 303
+    assert done.headers["Location"] == "/ops/dormant/approvals"
+    system.run_until_idle()
+    [made] = [i for i in system.history(t) if isinstance(i, ApprovalDecision)]
+    assert (made.by, made.channel) == ("flask-op", "dashboard")
