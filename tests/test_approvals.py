@@ -474,3 +474,16 @@ def test_a_call_decided_before_its_notice_runs_tells_nobody(store: Store) -> Non
     h.reject(t, "c_refund", by="bob")
     h.settle(t)
     assert told == []
+
+
+def test_dormant_show_renders_the_audit_trail(store: Store) -> None:
+    from dormant.ops.timeline import render_item
+
+    h, _ = _harness(store, _refund_and_lookup())
+    t = h.launch("clerk", "refund o1")
+    h.settle(t)
+    h.reject(t, "c_refund", by="bob", reason="duplicate", channel="cli")
+    h.settle(t)
+    lines = [render_item(i).plain for i in h.history(t)]
+    assert any(line.startswith("approval? ") and "refund(" in line for line in lines)
+    assert any("reject [c_refund] by bob via cli: duplicate" in line for line in lines)
