@@ -122,3 +122,49 @@ def test_the_command_line_lists_and_decides_approvals(
     assert paid == [{"account": "acme", "amount": 90.0}]
     code, out = decide("list")
     assert code == 0 and "no calls await approval" in out
+
+
+def test_a_worker_killed_between_the_decision_and_the_dispatch_pays_once(
+    deploy: Callable[..., Deployment],
+) -> None:
+    import signal
+
+    d = deploy(
+        DORMANT_AGENTS="approval_agents",
+        DORMANT_LEASE_TTL_S="2",
+        DORMANT_VISIBILITY_TIMEOUT_S="4",
+        DORMANT_OUTBOX_GRACE_S="1",
+    )
+    first = d.start_worker("w1")
+    d.start_beat()
+    d.wait_ready(first)
+    client = d.client()
+    thread_id = client.launch("payer", "pay acme")
+
+    def held() -> bool:  # and the balance answered: the decision's is the next slice
+        answered = [i for i in client.history(thread_id) if isinstance(i, ToolResult)]
+        return len(client.pending_approvals(root_id=thread_id)) == 1 and len(answered) == 1
+
+    wait_until(held, 60, "the payment to be held", check=d.check_alive)
+    d.expected_deaths |= {"w1", "doomed"}
+    first.kill()
+    # The next slice (the decision's) commits the approval, then its worker dies before
+    # it dispatches the payment's outbox row.
+    doomed = d.start_worker("doomed", env={"DORMANT_CRASH_POINTS": "after_commit"})
+    d.wait_ready(doomed)
+    client.approve(thread_id, "c_pay", by="alice")
+    wait_until(lambda: not doomed.alive(), 60, "the worker to die after the commit")
+    assert doomed.popen.returncode == -signal.SIGKILL, doomed.log()
+    survivor = d.start_worker("survivor")
+    d.wait_ready(survivor)
+    wait_until(
+        lambda: client.history(thread_id)[-1:] == [AssistantTurn(text="done after 2 results")],
+        60,
+        "the sweeper to dispatch the approved payment",
+        check=d.check_alive,
+        poll_s=0.2,
+    )
+    assert d.redis.llen(d.key("paid")) == 1
+    assert not client.store.undispatched(datetime.now(UTC) + timedelta(hours=1))
+    results = [i for i in client.history(thread_id) if isinstance(i, ToolResult)]
+    assert sorted(r.call_id for r in results) == ["c_balance", "c_pay"]
