@@ -24,7 +24,7 @@ from datetime import UTC, datetime, timedelta
 
 from dormant.agents import Agent
 from dormant.messages import ApprovalDecision, ApprovalRequest, ToolCall, ToolResult
-from dormant.runtime.history import Applied
+from dormant.runtime.history import Applied, has_pending
 from dormant.runtime.turn import Turn
 from dormant.stores.base import CallState, InboxRow, NewTimer, Snapshot, ThreadInfo
 from dormant.stores.rawitem import item_kind
@@ -131,6 +131,10 @@ class ApprovalDesk:
 
     @classmethod
     def open(cls, agent: Agent, snap: Snapshot, turn: Turn) -> ApprovalDesk:
+        """The open requests and past edits, read from the history only when a call is
+        pending (held, or approved and running): a thread woken from idle skips the scan."""
+        if not has_pending(snap.calls):
+            return cls(agent, turn)
         requests: dict[str, ApprovalRequest] = {}
         decided: dict[str, ApprovalDecision] = {}
         for stored in snap.items:
