@@ -140,3 +140,9 @@ def test_flask_serves_the_queue_behind_the_host_apps_auth(system: LocalSystem) -
     system.run_until_idle()
     [made] = [i for i in system.history(t) if isinstance(i, ApprovalDecision)]
     assert (made.by, made.channel) == ("flask-op", "dashboard")
+
+
+def test_a_thread_page_says_which_call_awaits_approval(system: LocalSystem) -> None:
+    t = _held(system)
+    page = get(Dashboard(system), "thread", id=t).body.decode()
+    assert "awaiting approval</a>" in page and f"approvals?root={t}" in page

@@ -7,6 +7,7 @@ import contextlib
 import json
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from dormant.base_client import BaseClient
 from dormant.budget import BUDGET_KEY
@@ -133,8 +134,11 @@ def _side(
     root: str,
     now: datetime,
 ) -> str:
+    held = {
+        p.call_id for p in client.pending_approvals(root_id=info.root_id) if p.thread_id == info.id
+    }
     return (
-        _waiting(record, calls, info, now)
+        _waiting(record, calls, info, now, held, root)
         + _usage(client, info)
         + _tree(client, info, root)
         + _metadata(info)
@@ -152,16 +156,27 @@ def _problems(info: ThreadInfo) -> str:
 
 
 def _waiting(
-    record: dict[str, object], calls: dict[str, CallRecord], info: ThreadInfo, now: datetime
+    record: dict[str, object],
+    calls: dict[str, CallRecord],
+    info: ThreadInfo,
+    now: datetime,
+    held: set[str],
+    root: str,
 ) -> str:
     rows = []
     if info.status is not ThreadStatus.CLOSED:
         for call in pending(calls):
             since = ago(info.updated_at, now)
+            what = (
+                f'<a href="{esc(root)}approvals?root={quote(info.root_id, safe="")}">'
+                "awaiting approval</a>"
+                if call.call_id in held
+                else "waiting"
+            )
             rows.append(
                 f'<li class="wait"><b>{esc(call.name)}</b> <code>{esc(call.call_id)}</code>'
                 f'<br><span class="muted">{esc(short(_args(call.args), 80))}</span>'
-                f'<br><span class="muted">waiting, unchanged since {since}</span></li>'
+                f'<br><span class="muted">{what}, unchanged since {since}</span></li>'
             )
     for name in record["subscribed_to"]:  # type: ignore[attr-defined]
         rows.append(f'<li class="sub">subscribed to <b>{esc(name)}</b></li>')
