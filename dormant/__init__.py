@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from dormant.agents import Agent
+    from dormant.approvals import Approval
     from dormant.base_client import BaseClient
     from dormant.budget import Budget
     from dormant.client import Client
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "Agent",
+    "Approval",
     "BaseClient",
     "Budget",
     "Client",
@@ -37,6 +39,7 @@ __all__ = [
 
 _HOMES = {
     "Agent": "dormant.agents",
+    "Approval": "dormant.approvals",
     "BaseClient": "dormant.base_client",
     "Budget": "dormant.budget",
     "Client": "dormant.client",

@@ -6,9 +6,9 @@ import functools
 import hashlib
 import importlib
 import json
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from dormant.budget import Budget
 from dormant.errors import ConfigurationError, UnknownAgent
@@ -16,10 +16,12 @@ from dormant.messages import EVENT_TOOL_NAME
 from dormant.models.base import Model, ModelSettings, ToolSpec
 from dormant.models.prices import DEFAULT_PRICES, Price
 from dormant.stores.base import CallRecord, CallState, ThreadInfo
+from dormant.tools.approval import ApprovalRule
 from dormant.tools.base import Tool
 from dormant.tools.builtins import BUILTINS, THREAD_TOOLS, offered_builtins
 
 if TYPE_CHECKING:
+    from dormant.approvals import PendingApproval
     from dormant.settings import Settings
 
 __all__ = ["NO_AGENTS", "Agent", "AgentRegistry", "AgentSource", "Steering", "load_agents"]
@@ -64,6 +66,12 @@ class Agent:
     fingerprint of its instructions, model and tool schemas (``fingerprint``)."""
     aliases: Sequence[str] = ()
     """Earlier names of this agent: threads launched under one of them run this agent."""
+    approval: Mapping[str, ApprovalRule] = field(default_factory=dict)
+    """Approval by tool name pattern (``{"github.*": True}``), for tools that are not this
+    agent's own code (MCP, HTTP, built-ins); a tool's own ``approval`` comes first."""
+    on_approval_requested: Callable[[PendingApproval], Any] | None = None
+    """Called once a call is held for approval (to tell Slack or send an email), off the
+    slice, as an outbox row: at least once, like a tool; an exception is logged."""
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():

@@ -17,6 +17,7 @@ from datetime import datetime
 from typing import Any
 
 from dormant.agents import AgentRegistry
+from dormant.approvals import ApprovalMethods
 from dormant.budget import Budget, with_budget
 from dormant.errors import (
     CallAnswered,
@@ -76,7 +77,7 @@ def new_thread_id() -> str:
     return f"thr_{uuid.uuid4().hex[:20]}"
 
 
-class BaseClient(ABC):
+class BaseClient(ApprovalMethods, ABC):
     """Everything a caller does to threads, over a store, a dedup set and a waker."""
 
     def __init__(

@@ -22,7 +22,13 @@
     │   ├── ThreadBusy              user text while a slice runs ("reject" steering)
     │   ├── InboxFull               the thread already has ``max_inbox_depth`` open rows
     │   ├── CallAnswered            a second, different result for an answered call
-    │   └── DuplicateMessage        the message id was already received
+    │   ├── DuplicateMessage        the message id was already received
+    │   └── DecisionRefused         an approval decision that cannot be taken
+    │       ├── NotAwaitingApproval the call never asked for approval
+    │       ├── AlreadyDecided      first decision wins: this call was decided
+    │       ├── DigestMismatch      the decision names arguments that are not the stored ones
+    │       ├── DecisionNotAllowed  the tool's policy does not offer that decision
+    │       └── InvalidEdit         edited arguments that fail the tool's schema
     ├── InvalidStreamId             a stream ``after`` id that is not one (``dormant.streams``)
     ├── InvalidToolArguments        a call's arguments fail its tool's schema (the call's result)
     ├── ThreadsFailed               run_until_idle: threads stalled or retrying after failures
@@ -52,6 +58,7 @@ if TYPE_CHECKING:
     from dormant.runtime.idle import IdleReport
 
 __all__ = [
+    "AlreadyDecided",
     "BrokerUnavailable",
     "BudgetExceeded",
     "CallAnswered",
@@ -59,10 +66,14 @@ __all__ = [
     "ControlSignal",
     "CrashPoint",
     "DatabaseUnavailable",
+    "DecisionNotAllowed",
+    "DecisionRefused",
+    "DigestMismatch",
     "DormantError",
     "DuplicateMessage",
     "HistoryTooLarge",
     "InboxFull",
+    "InvalidEdit",
     "InvalidStreamId",
     "InvalidToken",
     "InvalidToolArguments",
@@ -73,6 +84,7 @@ __all__ = [
     "ModelError",
     "ModelFatal",
     "ModelRetryable",
+    "NotAwaitingApproval",
     "NotFound",
     "PayloadTooLarge",
     "RedisUnavailable",
@@ -278,6 +290,49 @@ class DuplicateMessage(MessageRejected):
         super().__init__(f"message {message_id!r} was already received by thread {thread_id!r}")
         self.thread_id = thread_id
         self.message_id = message_id
+
+
+class DecisionRefused(MessageRejected):
+    """An approval decision refused before it reached the inbox (``docs/approvals.md``)."""
+
+    def __init__(self, thread_id: str, call_id: str, why: str) -> None:
+        super().__init__(f"decision on call {call_id!r} of thread {thread_id!r} refused: {why}")
+        self.thread_id = thread_id
+        self.call_id = call_id
+
+
+class NotAwaitingApproval(DecisionRefused):
+    def __init__(self, thread_id: str, call_id: str) -> None:
+        super().__init__(thread_id, call_id, "the call does not await approval")
+
+
+class AlreadyDecided(DecisionRefused):
+    """First decision wins; ``decided`` says what it was, when known."""
+
+    def __init__(self, thread_id: str, call_id: str, decided: str = "") -> None:
+        why = f"already decided ({decided})" if decided else "already decided"
+        super().__init__(thread_id, call_id, why)
+        self.decided = decided
+
+
+class DigestMismatch(DecisionRefused):
+    def __init__(self, thread_id: str, call_id: str, given: str, stored: str) -> None:
+        super().__init__(
+            thread_id,
+            call_id,
+            f"digest {given!r} does not match the stored arguments' {stored!r}",
+        )
+
+
+class DecisionNotAllowed(DecisionRefused):
+    def __init__(self, thread_id: str, call_id: str, decision: str, allowed: tuple[str, ...]):
+        super().__init__(
+            thread_id, call_id, f"{decision!r} is not allowed here (allowed: {', '.join(allowed)})"
+        )
+
+
+class InvalidEdit(DecisionRefused):
+    """Edited arguments that fail the tool's schema; the reason says which field."""
 
 
 class ThreadsFailed(DormantError):

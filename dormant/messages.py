@@ -6,12 +6,15 @@ serialised through one ``TypeAdapter``: the stored shape is the in-memory shape.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 __all__ = [
     "EVENT_TOOL_NAME",
+    "ApprovalDecision",
+    "ApprovalRequest",
     "AssistantTurn",
     "ChildReport",
     "Chunk",
@@ -127,8 +130,53 @@ class Summary(_Frozen):
     upto_seq: int
 
 
+class ApprovalRequest(_Frozen):
+    """A call held for a person's decision (``runtime/approvals.py``): never dispatched
+    until a decision approves it, never shown to the model (the audit trail's first half).
+
+    ``digest`` is of the stored arguments: a decision must carry it, so what a person
+    approved is what runs."""
+
+    kind: Literal["approval_request"] = "approval_request"
+    call_id: str
+    name: str
+    args: dict[str, Any] = Field(default_factory=dict)
+    digest: str
+    decisions: tuple[str, ...] = ("approve", "reject", "edit")
+    prompt: str = ""
+    requested_at: datetime
+    expires_at: datetime | None = None
+    on_timeout: Literal["reject", "approve"] = "reject"
+    code_version: str = ""
+    """The version of the agent that proposed the call (``Agent.fingerprint``)."""
+
+
+class ApprovalDecision(_Frozen):
+    """A person's (or the timeout's) decision on a held call: an inbox message on the
+    thread's ordered path, then the item that records it (who, when, from where, the
+    digest they saw). ``args`` are the edited arguments of an ``edit``."""
+
+    kind: Literal["approval_decision"] = "approval_decision"
+    call_id: str
+    decision: Literal["approve", "reject", "edit"]
+    digest: str
+    by: str
+    channel: str = "python"
+    reason: str = ""
+    args: dict[str, Any] | None = None
+    decided_at: datetime
+    timed_out: bool = False
+
+
 Item = Annotated[
-    UserText | AssistantTurn | ToolResult | EventShown | Summary, Field(discriminator="kind")
+    UserText
+    | AssistantTurn
+    | ToolResult
+    | EventShown
+    | Summary
+    | ApprovalRequest
+    | ApprovalDecision,
+    Field(discriminator="kind"),
 ]
 ItemAdapter: TypeAdapter[Item] = TypeAdapter(Item, config=_DEFERRED)
 
@@ -180,7 +228,7 @@ class ParentMessage(_Frozen):
 
 
 Inbound = Annotated[
-    UserMessage | ToolResultMessage | EventMessage | ChildReport | ParentMessage,
+    UserMessage | ToolResultMessage | EventMessage | ChildReport | ParentMessage | ApprovalDecision,
     Field(discriminator="kind"),
 ]
 InboundAdapter: TypeAdapter[Inbound] = TypeAdapter(Inbound, config=_DEFERRED)

@@ -76,6 +76,7 @@ from dormant.tools.outcomes import (
     Answered,
     CancelHookRan,
     NotHere,
+    Notified,
     Raised,
     Refused,
     Started,
@@ -244,6 +245,12 @@ def _tool_text(outcome: ToolOutcome) -> str:
             return _short(f"error: cancel hook failed: {error}")
         case NotHere(why=why):
             return _short(f"left for another worker: {why}")
+        case Notified(skipped=True):
+            return "skipped: no approval to notify of"
+        case Notified(error=None):
+            return "notified: approval requested"
+        case Notified(error=error):
+            return _short(f"error: on_approval_requested failed: {error}")
 
 
 def _short(text: str, limit: int = 200) -> str:

@@ -63,9 +63,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(app: Any, host: str = "127.0.0.1") -> Iterator[str]:
-    """``app`` (ASGI) under uvicorn on a thread of this process; yields ``http://host:port``."""
-    port = free_port()
+def serving(app: Any, host: str = "127.0.0.1", port: int | None = None) -> Iterator[str]:
+    """``app`` (ASGI) under uvicorn on a thread of this process (on ``port``, or a free
+    one); yields ``http://host:port``."""
+    port = port or free_port()
     config = uvicorn.Config(
         app, host=host, port=port, log_level="warning", lifespan="off", timeout_graceful_shutdown=1
     )

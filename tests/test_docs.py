@@ -54,6 +54,22 @@ def test_the_tools_page_schedule_snippet_shows_the_message_to_the_model(
     assert out.getvalue() == printed[1]
 
 
+def test_the_approvals_page_snippet_prints_what_it_says(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/approvals.md: the held refund, edited, runs with the edited amount."""
+    monkeypatch.chdir(tmp_path)
+    doc = ROOT / "docs" / "approvals.md"
+    blocks = re.findall(r"```python\n(.*?)```", doc.read_text(), re.DOTALL)
+    snippet = next(b for b in blocks if "LocalSystem([clerk]" in b)
+    printed = re.search(r"\n\nprints\n\n```\n(.*?)```", doc.read_text(), re.DOTALL)
+    assert printed is not None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippet, str(doc), "exec"), {})
+    assert out.getvalue() == printed[1]
+
+
 def test_the_django_page_names_the_alembic_version_table_its_prefix_gives(
     tmp_path: Path,
 ) -> None:

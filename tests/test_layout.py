@@ -15,8 +15,8 @@ PACKAGE = ROOT / "dormant"
 
 PUBLIC = {
     "dormant": {
-        "Agent", "BaseClient", "Budget", "Client", "DormantError", "LocalSystem", "Settings",
-        "Tool", "ToolContext", "tool",
+        "Agent", "Approval", "BaseClient", "Budget", "Client", "DormantError", "LocalSystem",
+        "Settings", "Tool", "ToolContext", "tool",
     },
     "dormant.models": {
         "AnthropicModel", "ChunkSink", "Completion", "Model", "ModelRequest", "ModelSettings",
@@ -40,6 +40,10 @@ PUBLIC = {
         "BaseClient", "Client", "OnCommit", "Waker", "new_message_id", "new_thread_id",
     },
     "dormant.local": {"LocalSystem", "open_store"},
+    "dormant.approvals": {
+        "Approval", "ApprovalContext", "ApprovalMethods", "PendingApproval", "build_decision",
+        "find_request", "notify_requested", "pending",
+    },
     "dormant.settings": {"ENV_NAMES", "Settings", "redact"},
     "dormant.callbacks": {"callback_app"},
     "dormant.webhooks": {

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
+from dormant.cli.approvals import approvals
 from dormant.cli.connect import (
     checked_database_url,
     env_settings,
@@ -74,6 +75,7 @@ app = typer.Typer(
 )
 db = typer.Typer(help="Database schema commands.", no_args_is_help=True, rich_markup_mode=None)
 app.add_typer(db, name="db")
+app.add_typer(approvals, name="approvals")
 
 
 def _version(value: bool) -> None:

@@ -4,7 +4,9 @@ Routes: ``POST /dormant/callbacks/{thread_id}/{call_id}?token=`` (the WSGI callb
 in ``dormant.callbacks``, run unchanged on a worker thread), ``POST
 /dormant/webhooks/{source}/{thread_id}/{call_id}?token=`` (``dormant.webhooks``), ``GET
 /dormant/threads/{thread_id}/events?token=`` (a thread's stream as Server-Sent Events,
-``dormant.http.stream``), ``GET /healthz`` (the process answers), ``GET /readyz`` (the
+``dormant.http.stream``), ``GET|POST /dormant/approvals/{thread_id}/{call_id}/{decision}?``
+(one-click approval links, ``dormant.http.approval_links``: a GET shows, a POST decides),
+``GET /healthz`` (the process answers), ``GET /readyz`` (the
 database answers) and the thread dashboard under ``/dormant/ui/`` (``dormant/http/ui/``,
 HTML, not JSON). Store calls
 block, so every request is handled on a worker thread; the event loop only moves bytes.
@@ -23,6 +25,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from dormant.base_client import BaseClient
+from dormant.http.approval_links import APPROVALS_PREFIX, serve_link
 from dormant.http.asgi import ASGIApp, BodyTooLarge, Receive, Scope, Send, read_body
 from dormant.http.callbacks import callback_app
 from dormant.http.stream import THREADS_PREFIX, serve_stream
@@ -54,6 +57,9 @@ def asgi_app(
             return
         if scope["path"].startswith(THREADS_PREFIX):  # a stream: sent as it happens
             await serve_stream(client, scope, receive, send)
+            return
+        if scope["path"].startswith(APPROVALS_PREFIX):  # one-click links: HTML pages
+            await serve_link(client, scope, receive, send)
             return
         if dashboard is not None and scope["path"].startswith(UI_PREFIX.rstrip("/")):
             await serve_ui(dashboard, scope, receive, send)

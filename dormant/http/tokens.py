@@ -9,22 +9,28 @@ import base64
 import hashlib
 import hmac
 from collections.abc import Sequence
-from urllib.parse import parse_qs, quote, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 from dormant.errors import InvalidToken
 
 __all__ = [
+    "APPROVAL_PATH",
     "STREAM_PATH",
+    "approval_link",
     "callback_url",
+    "link_keys",
     "parse_callback_url",
     "sign",
     "stream_keys",
     "stream_url",
     "verify",
+    "verify_link",
 ]
 
 STREAM_PATH = "/dormant/threads/{thread_id}/events"
 """Where ``dormant serve`` serves a thread's stream as Server-Sent Events."""
+APPROVAL_PATH = "/dormant/approvals/{thread_id}/{call_id}/{decision}"
+"""Where ``dormant serve`` answers a one-click approval link (``http/approval_links.py``)."""
 
 
 def _mac(key: str, thread_id: str, call_id: str, expires_at_s: int) -> str:
@@ -85,3 +91,53 @@ def stream_url(base_url: str, keys: Sequence[str], thread_id: str, expires_at_s:
     token = sign(stream_keys(keys), thread_id, "", expires_at_s)
     path = STREAM_PATH.format(thread_id=quote(thread_id, safe=""))
     return f"{root}{path}?token={token}"
+
+
+def link_keys(keys: Sequence[str]) -> list[str]:
+    """The keys of approval links: derived, so a callback or stream token never decides and
+    a link never delivers a result."""
+    return [f"approval-link:{key}" for key in keys]
+
+
+def _bound(call_id: str, decision: str, digest: str, by: str) -> str:
+    """What a link's MAC covers besides the thread and the expiry: the call, the one
+    decision it makes, the digest of the arguments it was made for, and who it is for."""
+    return f"{call_id}\n{decision}\n{digest}\n{by}"
+
+
+def approval_link(
+    base_url: str,
+    keys: Sequence[str],
+    thread_id: str,
+    call_id: str,
+    decision: str,
+    digest: str,
+    by: str,
+    expires_at_s: int,
+) -> str:
+    """A one-click link that makes ``decision`` on the call as ``by``, for the arguments of
+    ``digest``, until ``expires_at_s``; ``base_url`` is the callback base, whose server
+    (``dormant serve``) answers it."""
+    root = base_url.rstrip("/").removesuffix("/dormant/callbacks")
+    token = sign(link_keys(keys), thread_id, _bound(call_id, decision, digest, by), expires_at_s)
+    path = APPROVAL_PATH.format(
+        thread_id=quote(thread_id, safe=""),
+        call_id=quote(call_id, safe=""),
+        decision=quote(decision, safe=""),
+    )
+    return f"{root}{path}?{urlencode({'digest': digest, 'by': by, 'token': token})}"
+
+
+def verify_link(
+    keys: Sequence[str],
+    token: str,
+    thread_id: str,
+    call_id: str,
+    decision: str,
+    digest: str,
+    by: str,
+    now_s: float,
+) -> None:
+    """Raise ``InvalidToken`` unless the link was signed for exactly this call, decision,
+    digest and person, and has not expired."""
+    verify(link_keys(keys), token, thread_id, _bound(call_id, decision, digest, by), now_s)

@@ -134,6 +134,6 @@ def _measure(items: Sequence[Item]) -> tuple[int, int]:
             chars += len(item.text)  # type: ignore[union-attr]
         elif kind is ToolResult or kind is EventShown:
             chars += len(item.content)  # type: ignore[union-attr]
-        else:
-            chars += len(item.text)  # type: ignore[union-attr]
+        else:  # an approval's items have no text the model reads
+            chars += len(getattr(item, "text", ""))
     return users, chars

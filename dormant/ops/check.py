@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from dormant.messages import (
+    ApprovalDecision,
     AssistantTurn,
     EventShown,
     ToolResult,
@@ -187,7 +188,10 @@ def _consumed_unshown(
 
 def _stale_wake(row: InboxRow, calls: dict[str, CallRecord]) -> bool:
     """A wait's timer that arrived after the wait was over (an event or user text ended
-    it): done, with no news to show (``runtime/history.py``)."""
+    it): done, with no news to show (``runtime/history.py``); likewise an approval's
+    timeout that fired after the call was settled otherwise (``runtime/approvals.py``)."""
+    if isinstance(row.message, ApprovalDecision):
+        return row.message.timed_out
     if not isinstance(row.message, ToolResultMessage):
         return False
     call = calls.get(row.message.call_id)

@@ -8,6 +8,8 @@ from rich.text import Text
 
 from dormant.messages import (
     EVENT_TOOL_NAME,
+    ApprovalDecision,
+    ApprovalRequest,
     AssistantTurn,
     Event,
     EventShown,
@@ -57,6 +59,19 @@ def render_item(item: Item) -> Text:
             )
         case Summary(text=text, upto_seq=upto):
             return Text.assemble(("summary   ", "bold white"), f"up to #{upto}: {_short(text)}")
+        case ApprovalRequest(call_id=call_id, name=name, args=args, digest=digest):
+            call = _call(ToolCall(call_id=call_id, name=name, args=args))
+            return Text.assemble(
+                ("approval? ", "bold yellow"), f"{call} [{call_id}]", (f"  digest {digest}", "dim")
+            )
+        case ApprovalDecision() as made:
+            edited = f" args={json.dumps(made.args)}" if made.args is not None else ""
+            why = f": {_short(made.reason, 60)}" if made.reason else ""
+            return Text.assemble(
+                ("decided   ", "bold yellow"),
+                f"{made.decision} [{made.call_id}] by {made.by} via {made.channel}{why}{edited}",
+                (f"  at {made.decided_at.isoformat(timespec='seconds')}", "dim"),
+            )
     raise TypeError(f"not a history item: {item!r}")
 
 

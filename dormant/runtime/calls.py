@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from dormant.agents import Agent
 from dormant.messages import EVENT_TOOL_NAME, ParentMessage, ToolCall, ToolResult, ToolResultMessage
+from dormant.runtime.approvals import ask_approval
 from dormant.runtime.children import close_thread, report_to_parent, spawn_child
 from dormant.runtime.history import Applied
 from dormant.runtime.turn import Turn
@@ -73,7 +74,8 @@ def start_call(
         return answer(error, is_error=True)
     if not tool.builtin:
         record(CallState.PENDING, subscription=tool.subscription)
-        turn.outbox.append((call.call_id, "tool"))
+        if not ask_approval(agent, tool, call, ctx.thread, turn, applied, ctx.now):
+            turn.outbox.append((call.call_id, "tool"))
         return None
     thread = ctx.thread
     match run_builtin(call.name, tool.validate(call.args), ctx):

@@ -92,7 +92,7 @@ class SliceCommit:
             deferred=[row.id for row in applied.deferred],
             outbox=turn.outbox,
             timers=turn.timers,
-            cancel_timers=stopped,
+            cancel_timers=stopped + turn.cancel_timers,
             threads=turn.threads,
             close_descendants=closing,
             enqueue=turn.enqueue,

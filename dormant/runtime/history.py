@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from dormant.messages import (
+    ApprovalDecision,
     ChildReport,
     EventMessage,
     EventShown,
@@ -51,6 +52,7 @@ __all__ = [
     "INTERRUPTED",
     "SCHEDULED",
     "Applied",
+    "Decide",
     "EventSpawn",
     "answered_reason",
     "apply_inbox",
@@ -109,6 +111,8 @@ class Applied:
     spawns: list[EventSpawn] = field(default_factory=list)
     woke: bool = False
     """Something arrived that the model should see."""
+    awaiting: set[str] = field(default_factory=set)
+    """Pending calls held for a person's decision (``runtime/approvals.py``)."""
 
     @property
     def needs_completion(self) -> bool:
@@ -119,18 +123,23 @@ class Applied:
         self.changed.add(call.call_id)
 
 
+Decide = Callable[[InboxRow, ApprovalDecision, Applied], None]
+"""Applies an approval decision (``ApprovalDesk.decide``): it needs the agent's tools."""
+
+
 def apply_inbox(
     thread: ThreadInfo,
     calls: dict[str, CallRecord],
     inbox: list[InboxRow],
     new_id: Callable[[], str] = new_call_id,
+    decide: Decide | None = None,
 ) -> Applied:
     """Apply ``inbox`` (pending rows, in inbox order) to a thread with ``calls``."""
     out = Applied(calls=dict(calls))
     if thread.status is ThreadStatus.CLOSED:
         out.rejected = [(row, f"thread {thread.id!r} is closed") for row in inbox]
         return out
-    rules = _Rules(thread.id, out, new_id)
+    rules = _Rules(thread.id, out, new_id, decide)
     for row in inbox:
         rules.apply(row)
     # Deferred rows go after the batch that settled the pending calls, in their own order.
@@ -150,6 +159,7 @@ class _Rules:
     thread_id: str
     out: Applied
     new_id: Callable[[], str]
+    decide: Decide | None = None
 
     def apply(self, row: InboxRow) -> None:
         match row.message:
@@ -166,6 +176,10 @@ class _Rules:
                 self._event(row, call_id, content, final=final)
             case ParentMessage(call_id=call_id, content=content):
                 self._event(row, call_id, content, final=False)
+            case ApprovalDecision() as decision if self.decide is not None:
+                self.decide(row, decision, self.out)
+            case ApprovalDecision():
+                self._reject(row, "approval decisions are applied only by a slice")
 
     def _result(self, row: InboxRow, result: ToolResultMessage) -> None:
         call = self._call(row, result.call_id)

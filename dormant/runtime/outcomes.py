@@ -148,9 +148,14 @@ def rewake_priority(store: SliceStore, thread_id: str, seen: int) -> Priority:
 
 
 def waiting_on(applied: Applied) -> str:
-    """What a waiting thread waits for, for its status event: ``"on run_build (call_1)"``."""
+    """What a waiting thread waits for, for its status event: ``"on run_build (call_1)"``,
+    ``"awaiting approval of refund (call_2)"``."""
     calls = [c for c in applied.calls.values() if c.state is CallState.PENDING]
-    return "on " + ", ".join(f"{c.name} ({c.call_id})" for c in calls) if calls else ""
+    held = [f"{c.name} ({c.call_id})" for c in calls if c.call_id in applied.awaiting]
+    running = [f"{c.name} ({c.call_id})" for c in calls if c.call_id not in applied.awaiting]
+    parts = ["awaiting approval of " + ", ".join(held)] if held else []
+    parts += ["on " + ", ".join(running)] if running else []
+    return "; ".join(parts)
 
 
 def status_after(thread: ThreadInfo, applied: Applied, turn: Turn) -> ThreadStatus:

@@ -44,6 +44,7 @@ from dormant.messages import (
 )
 from dormant.models.base import Model, ModelRequest
 from dormant.runtime.admission import Caller, defer
+from dormant.runtime.approvals import ApprovalDesk
 from dormant.runtime.budgets import Meter
 from dormant.runtime.calls import fresh_ids, hold_back, start_call
 from dormant.runtime.children import (
@@ -254,8 +255,10 @@ class _Slice(SliceWatch, SliceCommit):
         if newer is not None:
             return leave(deps, self.thread_id, newer.why), None
         self.steering = agent.steering == "interrupt"
-        applied = apply_inbox(snap.thread, snap.calls, snap.inbox)
         turn = Turn(snap.next_seq, code_version=agent.fingerprint)
+        desk = ApprovalDesk.open(agent, snap, turn)
+        applied = apply_inbox(snap.thread, snap.calls, snap.inbox, decide=desk.decide)
+        desk.settle(applied)
         for message_id, item in applied.items:
             turn.add(message_id, item)
         for spawn in applied.spawns:

@@ -29,6 +29,8 @@ class Turn:
     """The version of the agent that ran the slice (``Agent.fingerprint``)."""
     continues: bool = False
     """The slice ran out of rounds and queued results for itself: wake the thread again."""
+    cancel_timers: list[str] = field(default_factory=list)
+    """Call ids whose unfired timers go (approvals decided or interrupted)."""
 
     @property
     def free_seq(self) -> int:

@@ -185,6 +185,19 @@ class QueryStore(Protocol):
 
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]: ...
 
+    def unfired_timers(
+        self,
+        message_prefix: str,
+        *,
+        root_id: str | None = None,
+        agent: str | None = None,
+        limit: int = 100,
+    ) -> list[TimerRow]:
+        """Timers not fired yet whose message id starts with ``message_prefix``, oldest
+        first, of the threads in ``root_id``'s tree and of ``agent`` if given (the open
+        approvals: ``runtime/approvals.py``)."""
+        ...
+
     def quarantined(self, limit: int = 100) -> list[InboxRow]:
         """Quarantined rows of every thread, oldest first."""
         ...

@@ -127,8 +127,7 @@ def text_chars(stored: StoredItem) -> int:
         if stored._chars < 0:
             object.__setattr__(stored, "_chars", _raw_text_chars(stored))
         return stored._chars
-    item: Any = stored.item
-    return len(item.content if item.kind in ("tool_result", "event") else item.text)
+    return _decoded_text_chars(stored.item)
 
 
 def _raw_text_chars(stored: RawStoredItem) -> int:
@@ -140,8 +139,14 @@ def _raw_text_chars(stored: RawStoredItem) -> int:
             start += len(key)
             text = raw[start : raw.index(b'"', start)]
             return len(text) if text.isascii() else len(text.decode())
-    item: Any = stored.item
-    return len(item.content if item.kind in ("tool_result", "event") else item.text)
+    return _decoded_text_chars(stored.item)
+
+
+def _decoded_text_chars(item: Any) -> int:
+    """An approval item has no text the model reads: it counts 0."""
+    if item.kind in ("tool_result", "event"):
+        return len(item.content)
+    return len(getattr(item, "text", ""))
 
 
 class ItemsView(Sequence[Item]):

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
 from dormant.errors import InvalidToolArguments
 from dormant.models.base import ToolSpec
+from dormant.tools.approval import ApprovalRule
 
 __all__ = ["Tool", "ToolContext", "ToolSink", "tool"]
 
@@ -99,6 +100,9 @@ class Tool:
     upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     """Turns arguments stored under an earlier signature into this one's; applied to every
     call's arguments before they are validated (a current call's must pass unchanged)."""
+    approval: ApprovalRule = None
+    """Whether a call waits for a person's decision before it runs (``docs/approvals.md``):
+    True, an ``Approval`` policy, or None/False."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -157,6 +161,7 @@ def tool(
     on_cancel: Callable[[ToolContext], None] | None = None,
     aliases: Sequence[str] = (),
     upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    approval: ApprovalRule = None,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -170,12 +175,14 @@ def tool(
     on_cancel: Callable[[ToolContext], None] | None = None,
     aliases: Sequence[str] = (),
     upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    approval: ApprovalRule = None,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function a tool: ``@tool`` or ``@tool(deferred=True)`` etc.
 
     ``aliases`` are the tool's earlier names (a rename): calls stored under them, made
     before a deploy, still run it. ``upgrade_args`` maps arguments stored under an earlier
-    signature to the current one (``docs/upgrades.md``)."""
+    signature to the current one (``docs/upgrades.md``). ``approval`` holds each call for a
+    person's decision (``Approval``, ``docs/approvals.md``)."""
 
     def make(f: Callable[..., Any]) -> Tool:
         arguments, context_param = _arguments_model(f)
@@ -190,6 +197,7 @@ def tool(
             on_cancel=on_cancel,
             aliases=tuple(aliases),
             upgrade_args=upgrade_args,
+            approval=approval,
         )
 
     return make(fn) if fn is not None else make

@@ -14,6 +14,7 @@ __all__ = [
     "Answered",
     "CancelHookRan",
     "NotHere",
+    "Notified",
     "Raised",
     "Refused",
     "Started",
@@ -67,4 +68,15 @@ class CancelHookRan:
     error: str | None = None
 
 
-ToolOutcome = Answered | Started | Raised | AlreadyAnswered | Refused | CancelHookRan | NotHere
+@dataclass(frozen=True)
+class Notified:
+    """The agent's ``on_approval_requested`` hook ran for a held call (``error`` if it
+    raised), or had nothing to do (``skipped``: decided meanwhile, or no hook)."""
+
+    error: str | None = None
+    skipped: bool = False
+
+
+ToolOutcome = (
+    Answered | Started | Raised | AlreadyAnswered | Refused | CancelHookRan | NotHere | Notified
+)

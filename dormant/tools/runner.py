@@ -15,6 +15,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from dormant.agents import AgentRegistry
+from dormant.approvals import notify_requested
 from dormant.errors import (
     CallAnswered,
     ControlSignal,
@@ -34,6 +35,7 @@ from dormant.tools.outcomes import (
     Answered,
     CancelHookRan,
     NotHere,
+    Notified,
     Raised,
     Refused,
     Started,
@@ -239,6 +241,8 @@ def _run(
 ) -> ToolOutcome:
     thread = store.thread(row.thread_id)
     call = store.call(row.thread_id, row.call_id)
+    if row.action == "notify":
+        return notify_requested(store, agents, thread, call)
     try:
         tool = agents.get_agent(thread.agent).tool(call.name)
     except UnknownAgent as error:
@@ -301,6 +305,8 @@ def _give_up(row: OutboxRow, store: RunnerStore, sink: _RetryingSink, died: int)
     log.error("outbox row %d (call %s of thread %s): %s", row.id, row.call_id, row.thread_id, why)
     if row.action == "cancel":
         return CancelHookRan(True, why)
+    if row.action == "notify":
+        return Notified(why)
     if store.call(row.thread_id, row.call_id).state is not CallState.PENDING:
         return AlreadyAnswered()
     sink.tool_result(row.thread_id, row.call_id, f"Error: the tool's {why}", is_error=True)

@@ -4,6 +4,8 @@ Routes, below the dashboard's root (``/dormant/ui/`` in ``dormant serve``): ``GE
 (``?status=&agent=&before=``), ``GET thread?id=`` a thread's page (``&full=1``: every stored
 item), ``GET thread/state?id=`` (JSON: what the page's live view refreshes), ``POST
 thread/retry`` and ``POST thread/close`` (only with actions enabled, CSRF checked), ``GET
+approvals`` (the queue of calls held for a decision, ``?root=&agent=``) and ``POST
+approvals/decide`` (approve, reject, edit: actions enabled, CSRF checked), ``GET
 static/...``, and ``login``/``logout`` when a token guards it.
 """
 
@@ -18,8 +20,15 @@ from importlib import resources
 from urllib.parse import quote
 
 from dormant.base_client import BaseClient
-from dormant.errors import InvalidStreamId, MalformedMessage, NotFound, UnknownThread
+from dormant.errors import (
+    DecisionRefused,
+    InvalidStreamId,
+    MalformedMessage,
+    NotFound,
+    UnknownThread,
+)
 from dormant.http.stream import sse_response
+from dormant.http.ui.approvals_page import approvals_body, decide_from_form
 from dormant.http.ui.guard import CSRF_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Csrf, TokenGate
 from dormant.http.ui.html import esc, page
 from dormant.http.ui.listing import ListQuery, list_body
@@ -130,6 +139,10 @@ class Dashboard:
             return self._events(request)
         if path in ("thread/retry", "thread/close") and request.method == "POST":
             return self._act(request, path.removeprefix("thread/"))
+        if path == "approvals" and request.method == "GET":
+            return self._approvals(request, now)
+        if path == "approvals/decide" and request.method == "POST":
+            return self._decide(request, now)
         if path == "logout" and request.method == "POST":
             return _redirect(request.root + "login", (SESSION_COOKIE, "", 0, request))
         return _text(404, f"no page {path!r}")
@@ -197,6 +210,37 @@ class Dashboard:
             self.client.close_thread(thread_id, reason=reason)
         log.info("dashboard: %s of thread %s", action, thread_id)
         return _redirect(f"{request.root}thread?id={quote(thread_id, safe='')}")
+
+    def _approvals(
+        self, request: UIRequest, now: datetime, status: int = 200, notice: str = ""
+    ) -> UIResponse:
+        body = approvals_body(
+            self.client,
+            root=request.root,
+            now=now,
+            csrf=self._csrf_token(request) if self.actions else None,
+            root_id=request.query.get("root") or None,
+            agent=request.query.get("agent") or None,
+            notice=notice,
+        )
+        nav = f'<a href="{esc(request.root)}">threads</a> / approvals'
+        return self._html(request, status, "approvals", body, nav)
+
+    def _decide(self, request: UIRequest, now: datetime) -> UIResponse:
+        if not self.actions:
+            return _text(403, "the dashboard is read-only (DORMANT_UI_ACTIONS=1 enables actions)")
+        if not self.csrf.valid(
+            request.cookies.get(CSRF_COOKIE, ""), request.form.get("csrf", ""), request.headers
+        ):
+            return _text(403, "CSRF check failed: reload the page and try again")
+        try:
+            thread_id = decide_from_form(self.client, dict(request.form))
+        except DecisionRefused as error:
+            return self._approvals(request, now, 409, str(error))
+        except MalformedMessage as error:
+            return self._approvals(request, now, 400, str(error))
+        log.info("dashboard: decision on thread %s", thread_id)
+        return _redirect(f"{request.root}approvals")
 
     def _login(self, request: UIRequest) -> UIResponse:
         if self.gate is None or not self.gate.token:

@@ -65,7 +65,8 @@ def page(title: str, body: str, *, root: str, nav: str = "") -> str:
 </head>
 <body>
 <header class="top"><a class="brand" href="{esc(root)}">dormant</a>
-<span class="crumbs">{nav}</span></header>
+<span class="crumbs">{nav}</span>
+<a class="queue" href="{esc(root)}approvals">approvals</a></header>
 <main>
 {body}
 </main>

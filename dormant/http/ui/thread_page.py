@@ -7,12 +7,15 @@ import contextlib
 import json
 from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 from dormant.base_client import BaseClient
 from dormant.budget import BUDGET_KEY
 from dormant.errors import UnknownThread
 from dormant.http.ui.html import ago, badge, esc, href, json_block, short
 from dormant.messages import (
+    ApprovalDecision,
+    ApprovalRequest,
     AssistantTurn,
     ChildReport,
     EventMessage,
@@ -133,8 +136,11 @@ def _side(
     root: str,
     now: datetime,
 ) -> str:
+    held = {
+        p.call_id for p in client.pending_approvals(root_id=info.root_id) if p.thread_id == info.id
+    }
     return (
-        _waiting(record, calls, info, root, now)
+        _waiting(record, calls, info, now, held, root)
         + _usage(client, info)
         + _tree(client, info, root)
         + _versions(client, info)
@@ -156,17 +162,24 @@ def _waiting(
     record: dict[str, object],
     calls: dict[str, CallRecord],
     info: ThreadInfo,
-    root: str,
     now: datetime,
+    held: set[str],
+    root: str,
 ) -> str:
     rows = []
     if info.status is not ThreadStatus.CLOSED:
         for call in pending(calls):
             since = ago(info.updated_at, now)
+            what = (
+                f'<a href="{esc(root)}approvals?root={quote(info.root_id, safe="")}">'
+                "awaiting approval</a>"
+                if call.call_id in held
+                else "waiting"
+            )
             rows.append(
                 f'<li class="wait"><b>{esc(call.name)}</b> <code>{esc(call.call_id)}</code>'
                 f'<br><span class="muted">{esc(short(_args(call.args), 80))}</span>'
-                f'<br><span class="muted">waiting, unchanged since {since}</span></li>'
+                f'<br><span class="muted">{what}, unchanged since {since}</span></li>'
             )
     for name in record["subscribed_to"]:  # type: ignore[attr-defined]
         rows.append(f'<li class="sub">subscribed to <b>{esc(name)}</b></li>')
@@ -289,6 +302,9 @@ def _queued(row: InboxRow) -> str:
             | ParentMessage(call_id=call_id, content=text)
         ):
             who, kind = f"{esc(row.message.kind)} on <code>{esc(call_id)}</code>", "event"
+        case ApprovalDecision(call_id=call_id, decision=decision, by=by):
+            who, kind = f"decision on <code>{esc(call_id)}</code>", "event"
+            text = f"{decision} by {by}"
     return (
         f'<li class="bubble {kind} queued" data-inbox="{row.id}">'
         f'<span class="seq">{state}</span><span class="who">{who} <em>{state}</em></span>'
@@ -328,5 +344,19 @@ def _item(stored: StoredItem, info: ThreadInfo, calls: dict[str, CallRecord]) ->
             kind = "summary"
             body = (
                 f'<span class="who">summary up to #{upto}</span><div class="text">{esc(text)}</div>'
+            )
+        case ApprovalRequest(name=name, call_id=call_id, args=args, digest=digest):
+            kind = "event"
+            body = (
+                f'<span class="who">approval asked for <b>{esc(name)}</b> '
+                f'<code>{esc(call_id)}</code></span><div class="text">'
+                f"{esc(json.dumps(args, sort_keys=True))} (digest {esc(digest)})</div>"
+            )
+        case ApprovalDecision(call_id=call_id, decision=decision, by=by, channel=channel) as made:
+            kind = "event"
+            why = f": {made.reason}" if made.reason else ""
+            body = (
+                f'<span class="who">{esc(decision)} <code>{esc(call_id)}</code> by {esc(by)} '
+                f'via {esc(channel)}</span><div class="text">{esc(why)}</div>'
             )
     return f'<li class="bubble {kind}{cls}" data-seq="{stored.seq}">{seq}{body}</li>'

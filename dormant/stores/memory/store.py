@@ -64,12 +64,15 @@ from dormant.stores.memory.ledger import MemoryLedger, MemorySpending
 from dormant.stores.memory.retention import MemoryRetention, _waiting
 from dormant.stores.memory.roster import MemoryRoster
 from dormant.stores.memory.sweep import MemorySweep
+from dormant.stores.memory.timers import MemoryTimerQuery
 from dormant.stores.rawitem import item_line
 
 __all__ = ["MemoryStore"]
 
 
-class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, MemoryRoster):
+class MemoryStore(
+    MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, MemoryRoster, MemoryTimerQuery
+):
     """``Store`` in memory; thread-safe behind one lock."""
 
     def __init__(self, max_hot_threads: int = 256) -> None:

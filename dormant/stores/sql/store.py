@@ -61,6 +61,7 @@ from dormant.stores.sql.rows import (
 )
 from dormant.stores.sql.sends import insert_checked
 from dormant.stores.sql.tables import as_utc, schema
+from dormant.stores.sql.timers import SQLTimerQuery
 from dormant.stores.sql.versions import VERSION_TABLE, SchemaCheck, refuse_unknown
 
 if TYPE_CHECKING:
@@ -121,7 +122,7 @@ def upgrade(database_url: str, *, table_prefix: str = "") -> None:
 # The store ---------------------------------------------------------------------------
 
 
-class SQLStore(SQLRetention, SQLClaims, SQLRoster, SchemaCheck):
+class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLTimerQuery, SchemaCheck):
     """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
 
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
