@@ -22,7 +22,8 @@
     │   ├── ThreadBusy              user text while a slice runs ("reject" steering)
     │   ├── InboxFull               the thread already has ``max_inbox_depth`` open rows
     │   ├── CallAnswered            a second, different result for an answered call
-    │   └── DuplicateMessage        the message id was already received
+    │   ├── DuplicateMessage        the message id was already received
+    │   └── InvalidForkPoint        a fork's ``at_seq`` is not a position in the thread's history
     ├── InvalidStreamId             a stream ``after`` id that is not one (``dormant.streams``)
     ├── InvalidToolArguments        a call's arguments fail its tool's schema (the call's result)
     ├── ThreadsFailed               run_until_idle: threads stalled or retrying after failures
@@ -63,6 +64,7 @@ __all__ = [
     "DuplicateMessage",
     "HistoryTooLarge",
     "InboxFull",
+    "InvalidForkPoint",
     "InvalidStreamId",
     "InvalidToken",
     "InvalidToolArguments",
@@ -278,6 +280,18 @@ class DuplicateMessage(MessageRejected):
         super().__init__(f"message {message_id!r} was already received by thread {thread_id!r}")
         self.thread_id = thread_id
         self.message_id = message_id
+
+
+class InvalidForkPoint(MessageRejected):
+    """``fork``/``replay`` at a seq the thread's history does not reach (nothing made)."""
+
+    def __init__(self, thread_id: str, at_seq: int, last_seq: int) -> None:
+        super().__init__(
+            f"thread {thread_id!r} has no item at seq {at_seq} to fork at "
+            f"(its history runs from 1 to {last_seq})"
+        )
+        self.thread_id = thread_id
+        self.at_seq = at_seq
 
 
 class ThreadsFailed(DormantError):

@@ -159,6 +159,10 @@ class ThreadInfo:
     message_completions: int = 0
     """The thread's own completions since the last user text it applied (``retry``
     resets it): what ``Budget.max_completions_per_message`` bounds."""
+    source_id: str | None = None
+    """On a fork (``runtime/forks.py``): the thread whose history it inherits up to
+    ``fork_seq``, by reference. A fork is a root of its own: closing, pruning or
+    budgeting its source never reaches it (``parent_id`` is for children only)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +275,10 @@ class NewThread:
     messages: list[tuple[str, Inbound, int]] = field(default_factory=list)
     """(message_id, message, priority) inbox rows queued with the thread, in the same
     transaction (a launch's first message): a thread never exists without them."""
+    source_id: str | None = None
+    """A fork's source (``ThreadInfo.source_id``)."""
+    status: ThreadStatus = ThreadStatus.IDLE
+    """Waiting for a fork that keeps calls open at its fork point; idle otherwise."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -99,7 +99,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
             info = ThreadInfo(
                 id=thread.id,
                 agent=thread.agent,
-                status=ThreadStatus.IDLE,
+                status=thread.status,
                 version=0,
                 created_at=now,
                 updated_at=now,
@@ -108,6 +108,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
                 fork_seq=thread.fork_seq,
                 root_id=thread.root_id or thread.id,
                 metadata=dict(thread.metadata),
+                source_id=thread.source_id,
             )
             t = stored.stored_thread(info)
             t.log.append(b"".join(map(item_line, thread.items)))
@@ -215,6 +216,15 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
             t = self._get(thread_id)
             items = list(t.hot.items) if t.hot is not None else stored.decode_items(t)[0]
         return items if upto_seq is None else [i for i in items if i.seq <= upto_seq]
+
+    def own_items_between(self, thread_id: str, after_seq: int, upto_seq: int) -> list[StoredItem]:
+        with self._lock:
+            t = self._get(thread_id)
+            items = list(t.hot.items) if t.hot is not None else stored.decode_items(t)[0]
+        # Seqs are dense from the first own item on: the window is a slice, not a scan.
+        first = items[0].seq if items else 0
+        start, stop = max(0, after_seq + 1 - first), max(0, upto_seq + 1 - first)
+        return [i for i in items[start:stop] if after_seq < i.seq <= upto_seq]
 
     def children(self, thread_id: str) -> list[ThreadInfo]:
         with self._lock:

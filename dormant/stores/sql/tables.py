@@ -133,6 +133,8 @@ class ThreadColumns(SQLModel):
     message_completions: int = Field(default=0, sa_type=Integer)
     code_version: str = Field(default="", sa_type=String)
     """The version of the agent that ran the last slice (migration 0011)."""
+    source_id: str | None = Field(default=None, sa_type=String)
+    """A fork's source thread (migration 0012): the history it inherits up to ``fork_seq``."""
 
 
 class ItemColumns(SQLModel):
@@ -289,6 +291,7 @@ def schema(prefix: str = "") -> Schema:
             Index(None, "created_at", "id"),
             Index(None, "status", "created_at", "id"),  # one status, newest first
             Index(None, "root_id"),
+            Index(None, "source_id"),  # retention keeps a source while a fork reads it
             partial("threads_closed", "updated_at", where="status = 'closed'"),
             # the idle sweep's order, ``id`` included: a LIMIT stops after its rows even
             # among threads idle since the same instant (migration 0009)

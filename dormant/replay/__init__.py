@@ -1,0 +1,2 @@
+"""Forks, replays and their diffs as callers use them (``Client``, ``LocalSystem``, the
+``dormant`` command); the fork itself is ``runtime/forks.py``. See docs/forks.md."""
