@@ -4,18 +4,20 @@ the source's history up to a seq by reference, then an ordinary thread of its ow
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from typer.testing import CliRunner
 
 from dormant import Agent, LocalSystem, Settings, ToolContext, tool
 from dormant.cli import app
-from dormant.errors import InvalidForkPoint
+from dormant.errors import InvalidForkPoint, UnknownThread
 from dormant.messages import AssistantTurn, Item, Summary, ToolResult, Usage, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.ops.check import check_store
-from dormant.stores.base import CallState, ThreadStatus
+from dormant.runtime.forks import fork_thread
+from dormant.stores.base import CallState, NewThread, Store, StoredItem, ThreadInfo, ThreadStatus
 from tests.conftest import StoreOpener
 
 built: list[str] = []
@@ -222,3 +224,61 @@ def test_dormant_fork_prints_the_new_thread_id(tmp_path: object) -> None:
     with LocalSystem([AGENT], url, settings=_settings()) as system:
         assert system.thread(fork_id).source_id == source
         assert system.history(fork_id) == system.history(source)[:2]
+
+
+def test_retention_keeps_a_source_while_a_fork_of_it_lives(open_store: StoreOpener) -> None:
+    later = datetime.now(UTC) + timedelta(days=1)
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _chat(system, "one", "two")
+        fork_id = system.fork(source, at_seq=2)
+        system.close_thread(source)
+
+        assert system.store.prune_batch(later, 100).threads == 0
+        assert system.history(fork_id) == system.history(source)[:2]
+        system.close_thread(fork_id)
+        pruned = system.store.prune_batch(later, 100).threads
+        pruned += system.store.prune_batch(later, 100).threads  # the source after its fork
+        assert pruned == 2
+        with pytest.raises(UnknownThread):
+            system.thread(source)
+
+
+class _Counting:
+    """A store that counts the items a fork reads."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.read = 0
+
+    def thread(self, thread_id: str) -> ThreadInfo:
+        return self.store.thread(thread_id)
+
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        found = self.store.own_items(thread_id, upto_seq)
+        self.read += len(found)
+        return found
+
+    def own_items_between(self, thread_id: str, after_seq: int, upto_seq: int) -> list[StoredItem]:
+        found = self.store.own_items_between(thread_id, after_seq, upto_seq)
+        self.read += len(found)
+        return found
+
+    def create_thread(self, thread: NewThread) -> ThreadInfo:
+        return self.store.create_thread(thread)
+
+
+@pytest.mark.parametrize("size", [10, 10_000])
+def test_a_fork_reads_and_writes_as_much_for_ten_thousand_source_items_as_for_ten(
+    store: Store, size: int
+) -> None:
+    items = [
+        StoredItem(s, f"m{s}", UserText(text=f"q{s}") if s % 2 else AssistantTurn(text=f"a{s}"))
+        for s in range(1, size + 1)
+    ]
+    store.create_thread(NewThread(id="thr_big", agent="a", items=items))
+    counting = _Counting(store)
+    made = fork_thread(counting, "thr_big", size)
+
+    assert counting.read <= 32  # one window back from the fork point, whatever the size
+    assert store.own_items(made.id) == []
+    assert [s.seq for s in store.history(made.id)][-3:] == [size - 2, size - 1, size]
