@@ -207,7 +207,7 @@ def test_a_fork_at_a_seq_the_history_does_not_reach_is_refused(
     with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
         source = _chat(system, "one")
         before = len(system.threads(limit=1000))
-        for at_seq in (0, 3, 10_000):
+        for at_seq in (-1, 3, 10_000):
             with pytest.raises(InvalidForkPoint, match="runs from 1 to 2"):
                 system.fork(source, at_seq=at_seq)
         assert len(system.threads(limit=1000)) == before

@@ -4,16 +4,22 @@ from __future__ import annotations
 
 from typing import Any
 
+from dormant.budget import Budget
+from dormant.replay.start import start_replay
+from dormant.replay.tools import ReplayTools
 from dormant.runtime.forks import OpenCalls, fork_thread
-from dormant.stores.base import Store, ThreadInfo
+from dormant.stores.base import Priority, Store, ThreadInfo
 
 __all__ = ["ForkMethods"]
 
 
 class ForkMethods:
-    """Mixed into ``BaseClient``: forking over its ``store``."""
+    """Mixed into ``BaseClient``: forking and replaying over its ``store``."""
 
     store: Store
+
+    def _wake_saved(self, thread_id: str, priority: int) -> None:
+        raise NotImplementedError  # ``BaseClient``'s
 
     def fork(
         self,
@@ -43,3 +49,39 @@ class ForkMethods:
     ) -> ThreadInfo:
         """``fork``, returning the new thread's record."""
         return fork_thread(self.store, thread_id, at_seq, open_calls=open_calls, metadata=metadata)
+
+    def replay(
+        self,
+        thread_id: str,
+        from_seq: int = 1,
+        *,
+        model: str | None = None,
+        instructions: str | None = None,
+        tools: ReplayTools | None = None,
+        budget: Budget | None = None,
+        tag: str | None = None,
+        metadata: dict[str, Any] | None = None,
+    ) -> str:
+        """Replay ``thread_id`` from its user message at ``from_seq``; returns the
+        replay's thread id (``diff`` compares the two).
+
+        The replay is a fork just before that message. The source's user messages from
+        there on are fed in their recorded order, one per turn, while the model runs live
+        with ``model`` (a model string, ``"openai:gpt-5-mini"``) and ``instructions`` in
+        place of the agent's. Tool calls are answered from the source's record, never by
+        running the tool (``ReplayTools`` says how they match and what a miss does); the
+        agent's thread tools are off. It runs at background priority under its own
+        ``budget``, in an admission flow of its own (``"replay:<tag>"``)."""
+        made = start_replay(
+            self.store,
+            thread_id,
+            from_seq,
+            model=model,
+            instructions=instructions,
+            tools=tools,
+            budget=budget,
+            tag=tag,
+            metadata=metadata,
+        )
+        self._wake_saved(made.id, Priority.BACKGROUND)
+        return made.id

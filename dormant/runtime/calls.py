@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from dormant.agents import Agent
 from dormant.messages import EVENT_TOOL_NAME, ParentMessage, ToolCall, ToolResult, ToolResultMessage
+from dormant.replay.agent import serve
 from dormant.runtime.children import close_thread, report_to_parent, spawn_child
 from dormant.runtime.history import Applied
 from dormant.runtime.turn import Turn
@@ -72,6 +73,10 @@ def start_call(
     if error is not None:
         return answer(error, is_error=True)
     if not tool.builtin:
+        served = serve(agent, call, applied.calls)  # a replay answers from its record
+        if served is not None:
+            turn.closing = turn.closing or served.stop
+            return answer(served.content, served.is_error)
         record(CallState.PENDING, subscription=tool.subscription)
         turn.outbox.append((call.call_id, "tool"))
         return None

@@ -17,10 +17,11 @@ the model ran it, because a completion runs only when no call is pending.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol
 
 from dormant.errors import ConfigurationError, InvalidForkPoint
-from dormant.messages import AssistantTurn, ToolCall, ToolResult
+from dormant.messages import AssistantTurn, Inbound, ToolCall, ToolResult
 from dormant.runtime.children import new_thread_id
 from dormant.stores.base import (
     CallRecord,
@@ -67,14 +68,18 @@ def fork_thread(
     open_calls: OpenCalls = "cancel",
     metadata: dict[str, Any] | None = None,
     fork_id: str | None = None,
+    messages: Sequence[tuple[str, Inbound, int]] = (),
 ) -> ThreadInfo:
     """Make a fork of ``thread_id`` at ``at_seq`` and return it; ``InvalidForkPoint``
-    if the source's history has no item at that seq, ``UnknownThread`` if no source."""
+    if the source's history has no item at that seq, ``UnknownThread`` if no source.
+
+    ``at_seq=0`` inherits nothing (a replay from the first message); ``messages`` are
+    queued with the fork, in its creating transaction (a replay's first input)."""
     if open_calls not in ("cancel", "keep"):
         raise ConfigurationError(f"open_calls {open_calls!r} is not 'cancel' or 'keep'")
     source = store.thread(thread_id)
     new_id = fork_id or new_thread_id()
-    open_ = open_at(store, source, at_seq)
+    open_ = open_at(store, source, at_seq) if at_seq != 0 else []
     items: list[StoredItem] = []
     calls: list[CallRecord] = []
     for i, call in enumerate(open_):
@@ -98,6 +103,7 @@ def fork_thread(
             metadata={**(metadata or {}), FORK_KEY: fork_record(source, at_seq, open_calls)},
             items=items,
             calls=calls,
+            messages=list(messages),
             status=ThreadStatus.WAITING if waiting else ThreadStatus.IDLE,
         )
     )

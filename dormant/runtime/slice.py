@@ -43,6 +43,7 @@ from dormant.messages import (
     Usage,
 )
 from dormant.models.base import Model, ModelRequest
+from dormant.replay.agent import feed, replayed
 from dormant.runtime.admission import Caller, defer
 from dormant.runtime.budgets import Meter
 from dormant.runtime.calls import fresh_ids, hold_back, start_call
@@ -251,6 +252,7 @@ class _Slice(SliceWatch, SliceCommit):
         self.steering = agent.steering == "interrupt"
         applied = apply_inbox(snap.thread, snap.calls, snap.inbox)
         turn = Turn(snap.next_seq, code_version=agent.fingerprint)
+        agent = replayed(agent, snap.thread, deps.store)  # a replay's overrides and record
         for message_id, item in applied.items:
             turn.add(message_id, item)
         for spawn in applied.spawns:
@@ -273,6 +275,9 @@ class _Slice(SliceWatch, SliceCommit):
                 if overtaken is not None:
                     return overtaken, None
                 return self._failed(snap.thread.failures, str(spent), stall_after=1), None
+        fed = feed(agent, snap, turn.items, applied.calls, turn.closing)
+        if fed is not None:  # a replay's next recorded input, queued with this turn
+            turn.enqueue.append(fed)
         committed = self._commit(snap, applied, turn)
         if turn.meter is not None and turn.meter.stopped and self.committed:
             return self._failed(0, turn.meter.stopped, stall_after=1), committed[1]

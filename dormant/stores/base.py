@@ -102,6 +102,10 @@ class SliceStore(Protocol):
         """Direct children, oldest first."""
         ...
 
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        """The thread's own items (a replay reads its source's transcript)."""
+        ...
+
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
     ) -> bool:

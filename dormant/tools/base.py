@@ -99,6 +99,10 @@ class Tool:
     upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     """Turns arguments stored under an earlier signature into this one's; applied to every
     call's arguments before they are validated (a current call's must pass unchanged)."""
+    side_effect_free: bool = False
+    """The tool changes nothing outside dormant (a lookup, a computation): a replay may run
+    it live when the record has no result for a call (``ReplayTools(on_miss="live")``).
+    Every other tool (HTTP and MCP tools included) is never run by a replay."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -157,6 +161,7 @@ def tool(
     on_cancel: Callable[[ToolContext], None] | None = None,
     aliases: Sequence[str] = (),
     upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    side_effect_free: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -170,12 +175,15 @@ def tool(
     on_cancel: Callable[[ToolContext], None] | None = None,
     aliases: Sequence[str] = (),
     upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
+    side_effect_free: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function a tool: ``@tool`` or ``@tool(deferred=True)`` etc.
 
     ``aliases`` are the tool's earlier names (a rename): calls stored under them, made
     before a deploy, still run it. ``upgrade_args`` maps arguments stored under an earlier
-    signature to the current one (``docs/upgrades.md``)."""
+    signature to the current one (``docs/upgrades.md``). ``side_effect_free=True``
+    declares that running it changes nothing outside dormant, so a replay may run it live
+    (``docs/forks.md``)."""
 
     def make(f: Callable[..., Any]) -> Tool:
         arguments, context_param = _arguments_model(f)
@@ -190,6 +198,7 @@ def tool(
             on_cancel=on_cancel,
             aliases=tuple(aliases),
             upgrade_args=upgrade_args,
+            side_effect_free=side_effect_free,
         )
 
     return make(fn) if fn is not None else make

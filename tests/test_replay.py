@@ -1,0 +1,245 @@
+"""Replays (``client.replay``, ``dormant/replay/``) on every store: recorded tool results
+served without running a tool, recorded user text fed one per turn, the model live."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from sqlalchemy import create_engine, text
+
+from dormant import Agent, LocalSystem, Settings, ToolContext, tool
+from dormant.errors import DuplicateMessage, InvalidForkPoint
+from dormant.messages import AssistantTurn, Item, ToolResult, UserMessage, UserText
+from dormant.models import ScriptedModel, call, reply
+from dormant.models.base import Completion
+from dormant.models.registry import register_provider
+from dormant.replay import ReplayTools
+from dormant.replay.tools import MISS_PREFIX
+from dormant.stores.base import Priority, Store, ThreadStatus
+from dormant.stores.sql.store import SQLStore
+from tests.conftest import StoreOpener
+
+ran: dict[str, int] = {"lookup": 0, "refund": 0, "start_job": 0, "add": 0}
+
+
+@tool
+def lookup(order: int) -> str:
+    """Look an order up."""
+    ran["lookup"] += 1
+    return f"order {order} shipped"
+
+
+@tool
+def refund(order: int) -> str:
+    """Refund an order (a side effect)."""
+    ran["refund"] += 1
+    return f"order {order} refunded"
+
+
+@tool(deferred=True)
+def start_job(name: str, ctx: ToolContext) -> None:
+    """Start a job elsewhere; its result arrives later."""
+    ran["start_job"] += 1
+    ctx.send_result(f"job {name} done")
+
+
+@tool(side_effect_free=True)
+def add(a: int, b: int) -> str:
+    """Add two numbers: changes nothing anywhere."""
+    ran["add"] += 1
+    return str(a + b)
+
+
+def _script(items: Sequence[Item], *, refund_instead: bool = False, offset: int = 0) -> Completion:
+    last = items[-1]
+    if isinstance(last, UserText):
+        word, _, number = last.text.partition(" ")
+        if word == "job":
+            return reply("starting", call("start_job", name=number))
+        n = int(number) + offset
+        if word == "order":
+            name = "refund" if refund_instead else "lookup"
+            return reply("looking", call(name, order=n))
+        if word == "add":
+            return reply("adding", call("add", a=n, b=1))
+        return reply(f"you said {last.text}")
+    assert isinstance(last, ToolResult)
+    return reply(f"answer: {last.content}")
+
+
+register_provider("replaytest", lambda name: _MODELS[name])
+_MODELS = {
+    "same": ScriptedModel(_script),
+    "refunds": ScriptedModel(lambda items: _script(items, refund_instead=True)),
+    "off_by_one": ScriptedModel(lambda items: _script(items, offset=1)),
+}
+AGENT = Agent("support", model=ScriptedModel(_script), tools=[lookup, refund, start_job, add])
+
+
+@pytest.fixture(autouse=True)
+def _reset_counters() -> None:
+    for name in ran:
+        ran[name] = 0
+
+
+def _settings() -> Settings:
+    return Settings(model_backoff_s=0.0, sweep_interval_s=0.05)
+
+
+def _recorded(system: LocalSystem, *texts: str) -> str:
+    thread_id = system.launch("support", texts[0])
+    system.run_until_idle()
+    for more in texts[1:]:
+        system.send(thread_id, more)
+        system.run_until_idle()
+    return thread_id
+
+
+def _after_fork(system: LocalSystem, thread_id: str) -> list[Item]:
+    fork = system.thread(thread_id).fork_seq or 0
+    return [s.item for s in system.stored_history(thread_id, full=True) if s.seq > fork]
+
+
+def _shape(items: list[Item]) -> list[object]:
+    """Items without their call ids (a live model makes fresh ones)."""
+    shaped: list[object] = []
+    for item in items:
+        if isinstance(item, AssistantTurn):
+            shaped.append((item.text, [(c.name, c.args) for c in item.calls]))
+        elif isinstance(item, ToolResult):
+            shaped.append((item.name, item.content, item.is_error))
+        else:
+            shaped.append(item)
+    return shaped
+
+
+def _outbox_rows(store: Store, thread_id: str) -> int | None:
+    """Outbox rows of the thread, on SQL (memory drops the rows a worker ran)."""
+    if not isinstance(store, SQLStore):
+        return None
+    url = str(store._engine.url.render_as_string(hide_password=False))
+    engine = create_engine(url)
+    try:
+        with engine.connect() as conn:
+            query = text("select count(*) from outbox where thread_id = :t")
+            return int(conn.execute(query, {"t": thread_id}).scalar_one())
+    finally:
+        engine.dispose()
+
+
+def test_a_replay_with_the_same_model_repeats_the_source_and_runs_no_tool(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1", "job build", "order 2")
+        assert ran == {"lookup": 2, "refund": 0, "start_job": 1, "add": 0}
+        replay = system.replay(source, model="replaytest:same", tag="exp1")
+        system.run_until_idle()
+
+        assert _shape(_after_fork(system, replay)) == _shape(system.history(source, full=True))
+        assert ran == {"lookup": 2, "refund": 0, "start_job": 1, "add": 0}  # nothing ran again
+        assert _outbox_rows(system.store, replay) in (None, 0)
+        info = system.thread(replay)
+        assert info.status is ThreadStatus.IDLE and info.source_id == source
+        assert info.metadata["replay"]["tag"] == "exp1"
+        assert info.metadata["replay"]["code_version"] == system.thread(source).code_version
+
+
+def test_a_replay_never_runs_a_side_effecting_tool_its_changed_model_calls(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1")
+        replay = system.replay(source, model="replaytest:refunds")
+        system.run_until_idle()
+
+        assert ran["refund"] == 0
+        result = _after_fork(system, replay)[2]
+        assert isinstance(result, ToolResult) and result.is_error
+        assert result.content.startswith(MISS_PREFIX + 'refund({"order":1}) #1')
+        assert _outbox_rows(system.store, replay) in (None, 0)
+
+
+def test_a_replay_feeds_recorded_user_text_one_per_turn_in_order(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "hello 1", "hello 2", "hello 3")
+        replay = system.replay(source, from_seq=3, model="replaytest:same")
+        system.run_until_idle()
+
+        assert system.history(replay) == [
+            UserText(text="hello 1"),
+            AssistantTurn(text="you said hello 1"),
+            UserText(text="hello 2"),
+            AssistantTurn(text="you said hello 2"),
+            UserText(text="hello 3"),
+            AssistantTurn(text="you said hello 3"),
+        ]
+        assert system.thread(replay).fork_seq == 2
+
+
+def test_live_on_a_miss_runs_only_a_tool_declared_free_of_side_effects(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1", "add 1")
+        replay = system.replay(
+            source, model="replaytest:off_by_one", tools=ReplayTools(on_miss="live")
+        )
+        system.run_until_idle()
+
+        results = [i for i in _after_fork(system, replay) if isinstance(i, ToolResult)]
+        assert [(r.name, r.is_error) for r in results] == [("lookup", True), ("add", False)]
+        assert "not declared side_effect_free" in results[0].content
+        assert results[1].content == "3"  # run live: add(2, 1)
+        assert ran == {"lookup": 1, "refund": 0, "start_job": 0, "add": 2}
+
+
+def test_stop_on_a_miss_closes_the_replay_there(open_store: StoreOpener) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1", "order 2")
+        replay = system.replay(
+            source, model="replaytest:refunds", tools=ReplayTools(on_miss="stop")
+        )
+        system.run_until_idle()
+
+        assert system.thread(replay).status is ThreadStatus.CLOSED
+        texts = [i for i in _after_fork(system, replay) if isinstance(i, UserText)]
+        assert texts == [UserText(text="order 1")]  # order 2 was never fed
+        assert ran["refund"] == 0
+
+
+def test_matching_by_name_serves_the_recorded_result_whatever_the_arguments(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1")
+        replay = system.replay(
+            source, model="replaytest:off_by_one", tools=ReplayTools(match="name")
+        )
+        system.run_until_idle()
+        assert _after_fork(system, replay)[-1] == AssistantTurn(text="answer: order 1 shipped")
+
+
+def test_a_redelivered_replay_slice_adds_nothing_twice(open_store: StoreOpener) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1", "order 2")
+        replay = system.replay(source, model="replaytest:same")
+        system.run_until_idle()
+        before = system.stored_history(replay, full=True)
+
+        system.wake(replay, Priority.BACKGROUND)  # a slice delivered again
+        system.run_until_idle()
+        for seq in (1, 5):  # the fed inputs, queued again by a slice run twice
+            with pytest.raises(DuplicateMessage):
+                system.store.enqueue(replay, f"replay:{seq}", UserMessage(text="x"), 4)
+        assert system.stored_history(replay, full=True) == before
+
+
+def test_a_replay_must_start_at_recorded_user_text(open_store: StoreOpener) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1")
+        with pytest.raises(InvalidForkPoint, match="no user text to replay from at seq 2"):
+            system.replay(source, from_seq=2)
