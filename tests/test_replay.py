@@ -3,12 +3,15 @@ served without running a tool, recorded user text fed one per turn, the model li
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 
 import pytest
 from sqlalchemy import create_engine, text
+from typer.testing import CliRunner
 
 from dormant import Agent, LocalSystem, Settings, ToolContext, tool
+from dormant.cli import app
 from dormant.errors import DuplicateMessage, InvalidForkPoint
 from dormant.messages import AssistantTurn, Item, ToolResult, UserMessage, UserText
 from dormant.models import ScriptedModel, call, reply
@@ -243,3 +246,52 @@ def test_a_replay_must_start_at_recorded_user_text(open_store: StoreOpener) -> N
         source = _recorded(system, "order 1")
         with pytest.raises(InvalidForkPoint, match="no user text to replay from at seq 2"):
             system.replay(source, from_seq=2)
+
+
+def test_the_diff_of_a_replay_with_the_same_model_is_empty(open_store: StoreOpener) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1", "job build", "order 2")
+        replay = system.replay(source, model="replaytest:same")
+        system.run_until_idle()
+        found = system.diff(source, replay, scorer=lambda a, b: a == b)
+
+    assert found.same and found.first_divergence is None and found.tool_distance == 0
+    assert (found.served, found.missed, found.live) == (3, 0, 0)
+    assert found.source_answer == found.replay_answer == "answer: order 2 shipped"
+    assert found.verdict is True
+    assert found.deltas["completions"] == 0 and found.deltas["tokens"] == 0
+
+
+def test_the_diff_of_a_changed_model_diverges_at_its_first_different_call(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "hello 1", "order 1", "order 2")
+        replay = system.replay(source, model="replaytest:refunds")
+        system.run_until_idle()
+        found = system.diff(source, replay)
+        call_seq = system.stored_history(source)[3].seq
+
+    first = found.first_divergence
+    assert first is not None and not found.same
+    assert (first.step, first.source_seq, first.replay_seq) == (4, call_seq, call_seq)
+    assert first.source == 'call lookup({"order":1})'
+    assert first.replay == 'call refund({"order":1})'
+    assert found.tool_distance == 2  # two lookups became two refunds
+    assert (found.served, found.missed, found.live) == (0, 2, 0)
+    assert found.replay_answer.startswith("answer: " + MISS_PREFIX)
+
+
+def test_dormant_diff_prints_the_first_divergence_and_json(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/d.db"
+    with LocalSystem([AGENT], url, settings=_settings()) as system:
+        source = _recorded(system, "order 1")
+        replay = system.replay(source, model="replaytest:refunds")
+        system.run_until_idle()
+    runner = CliRunner()
+    shown = runner.invoke(app, ["diff", source, replay, "--database-url", url])
+    as_json = runner.invoke(app, ["diff", source, replay, "--database-url", url, "--json"])
+    assert shown.exit_code == 0 and as_json.exit_code == 0, (shown.output, as_json.output)
+    assert 'replay: call refund({"order":1})' in shown.output
+    assert "missed 1" in shown.output
+    assert json.loads(as_json.output)["first_divergence"]["step"] == 2

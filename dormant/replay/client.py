@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from dormant.budget import Budget
+from dormant.replay.diff import ReplayDiff, Scorer, diff_threads
 from dormant.replay.start import start_replay
 from dormant.replay.tools import ReplayTools
 from dormant.runtime.forks import OpenCalls, fork_thread
@@ -85,3 +86,9 @@ class ForkMethods:
         )
         self._wake_saved(made.id, Priority.BACKGROUND)
         return made.id
+
+    def diff(self, source_id: str, replay_id: str, scorer: Scorer | None = None) -> ReplayDiff:
+        """How ``replay_id`` differs from ``source_id`` past its fork point: the first
+        divergence, the tool-sequence distance, calls served, missed and run live, the
+        final answers, usage deltas, and ``scorer(source_answer, replay_answer)``."""
+        return diff_threads(self.store, source_id, replay_id, scorer)
