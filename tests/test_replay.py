@@ -295,3 +295,28 @@ def test_dormant_diff_prints_the_first_divergence_and_json(tmp_path: object) -> 
     assert 'replay: call refund({"order":1})' in shown.output
     assert "missed 1" in shown.output
     assert json.loads(as_json.output)["first_divergence"]["step"] == 2
+
+
+def test_usage_of_replays_is_kept_apart_under_their_tag(open_store: StoreOpener) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1")
+        production = system.store.usage()["support"]
+        system.replay(source, model="replaytest:same", tag="exp42")
+        system.run_until_idle()
+        usage = system.store.usage()
+        only_support = system.store.usage(agent="support")
+
+    assert usage["support"] == production  # the replay added nothing to production's
+    assert usage["support [replay:exp42]"].completions == 2
+    assert set(only_support) == {"support", "support [replay:exp42]"}
+
+
+def test_dormant_usage_shows_replays_under_their_tag(tmp_path: object) -> None:
+    url = f"sqlite:///{tmp_path}/u.db"
+    with LocalSystem([AGENT], url, settings=_settings()) as system:
+        source = _recorded(system, "order 1")
+        system.replay(source, model="replaytest:same", tag="exp42")
+        system.run_until_idle()
+    shown = CliRunner().invoke(app, ["usage", "--database-url", url, "--json"])
+    assert shown.exit_code == 0, shown.output
+    assert set(json.loads(shown.output)) == {"support", "support [replay:exp42]"}

@@ -63,4 +63,5 @@ def start_replay(
         from_seq - 1,
         metadata=with_budget(given, budget),
         messages=[message],
+        tag=f"replay:{tag or ''}",
     )

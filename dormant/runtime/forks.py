@@ -69,12 +69,14 @@ def fork_thread(
     metadata: dict[str, Any] | None = None,
     fork_id: str | None = None,
     messages: Sequence[tuple[str, Inbound, int]] = (),
+    tag: str | None = None,
 ) -> ThreadInfo:
     """Make a fork of ``thread_id`` at ``at_seq`` and return it; ``InvalidForkPoint``
     if the source's history has no item at that seq, ``UnknownThread`` if no source.
 
     ``at_seq=0`` inherits nothing (a replay from the first message); ``messages`` are
-    queued with the fork, in its creating transaction (a replay's first input)."""
+    queued with the fork, in its creating transaction (a replay's first input); ``tag``
+    sums its usage apart (``ThreadInfo.tag``)."""
     if open_calls not in ("cancel", "keep"):
         raise ConfigurationError(f"open_calls {open_calls!r} is not 'cancel' or 'keep'")
     source = store.thread(thread_id)
@@ -104,6 +106,7 @@ def fork_thread(
             items=items,
             calls=calls,
             messages=list(messages),
+            tag=tag,
             status=ThreadStatus.WAITING if waiting else ThreadStatus.IDLE,
         )
     )

@@ -35,6 +35,7 @@ __all__ = [
     "ThreadStatus",
     "TimerRow",
     "WorkerCard",
+    "usage_key",
 ]
 
 
@@ -163,6 +164,14 @@ class ThreadInfo:
     """On a fork (``runtime/forks.py``): the thread whose history it inherits up to
     ``fork_seq``, by reference. A fork is a root of its own: closing, pruning or
     budgeting its source never reaches it (``parent_id`` is for children only)."""
+    tag: str | None = None
+    """A replay's tag (``"replay:<tag>"``): its usage is counted apart, under
+    ``usage_key`` (``dormant usage``), never mixed with production's."""
+
+
+def usage_key(agent: str, tag: str | None) -> str:
+    """The name a thread's usage is summed under: its agent, and a replay's tag apart."""
+    return agent if not tag else f"{agent} [{tag}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,6 +288,8 @@ class NewThread:
     """A fork's source (``ThreadInfo.source_id``)."""
     status: ThreadStatus = ThreadStatus.IDLE
     """Waiting for a fork that keeps calls open at its fork point; idle otherwise."""
+    tag: str | None = None
+    """``ThreadInfo.tag``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -111,6 +111,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
                 root_id=thread.root_id or thread.id,
                 metadata=dict(thread.metadata),
                 source_id=thread.source_id,
+                tag=thread.tag,
             )
             t = stored.stored_thread(info)
             t.log.append(b"".join(map(item_line, thread.items)))

@@ -92,6 +92,7 @@ def thread_values(thread: NewThread, now: datetime) -> dict[str, Any]:
         "fork_seq": thread.fork_seq,
         "root_id": thread.root_id or thread.id,
         "source_id": thread.source_id,
+        "tag": thread.tag,
         "status": thread.status.value,
         "version": 0,
         "failures": 0,
@@ -146,6 +147,7 @@ def thread_info(row: Row) -> ThreadInfo:
         message_completions=row["message_completions"],
         code_version=row["code_version"],
         source_id=row["source_id"],
+        tag=row["tag"],
     )
 
 

@@ -135,6 +135,8 @@ class ThreadColumns(SQLModel):
     """The version of the agent that ran the last slice (migration 0011)."""
     source_id: str | None = Field(default=None, sa_type=String)
     """A fork's source thread (migration 0012): the history it inherits up to ``fork_seq``."""
+    tag: str | None = Field(default=None, sa_type=String)
+    """A replay's tag (migration 0012): its usage is summed apart."""
 
 
 class ItemColumns(SQLModel):
