@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from datetime import UTC, datetime
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -18,6 +19,7 @@ from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.models.registry import register_provider
 from dormant.replay import ReplayTools
+from dormant.replay.batch import pick_sources, replay_batch
 from dormant.replay.tools import MISS_PREFIX
 from dormant.stores.base import Priority, Store, ThreadStatus
 from dormant.stores.sql.store import SQLStore
@@ -320,3 +322,29 @@ def test_dormant_usage_shows_replays_under_their_tag(tmp_path: object) -> None:
     shown = CliRunner().invoke(app, ["usage", "--database-url", url, "--json"])
     assert shown.exit_code == 0, shown.output
     assert set(json.loads(shown.output)) == {"support", "support [replay:exp42]"}
+
+
+def test_a_batch_replays_a_sample_of_recorded_roots_and_reports_their_diffs(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        since = datetime.now(UTC)
+        sources = [_recorded(system, f"order {n}") for n in range(4)]
+        system.fork(sources[0], at_seq=1)  # a fork is never a source
+        system.replay(sources[1], model="replaytest:same")  # nor is a replay
+        system.run_until_idle()
+        picked = pick_sources(system.store, "support", since, 3, seed=1)
+        assert len(picked) == 3 and {p.id for p in picked} < set(sources)
+        assert pick_sources(system.store, "support", since, 10) == sorted(
+            [system.thread(s) for s in sources], key=lambda i: (i.created_at, i.id)
+        )
+        report = replay_batch(
+            system, picked, tag="exp7", model="replaytest:refunds", timeout_s=10, poll_s=0.01
+        )
+
+    totals = report["totals"]
+    assert (totals["replays"], totals["same"], totals["diverged"]) == (3, 0, 3)
+    assert (totals["unfinished"], totals["served"], totals["missed"]) == (0, 0, 3)
+    assert [r["source_id"] for r in report["runs"]] == [p.id for p in picked]
+    assert all(r["first_divergence"]["step"] == 2 for r in report["runs"])
+    json.dumps(report)  # one JSON report
