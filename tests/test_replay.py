@@ -3,9 +3,13 @@ served without running a tool, recorded user text fed one per turn, the model li
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, text
@@ -348,3 +352,15 @@ def test_a_batch_replays_a_sample_of_recorded_roots_and_reports_their_diffs(
     assert [r["source_id"] for r in report["runs"]] == [p.id for p in picked]
     assert all(r["first_divergence"]["step"] == 2 for r in report["runs"])
     json.dumps(report)  # one JSON report
+
+
+def test_the_evaluation_page_example_prints_what_it_says() -> None:
+    doc = Path(__file__).resolve().parent.parent / "docs" / "evaluation.md"
+    text_ = doc.read_text()
+    snippet = re.findall(r"```python\n(.*?)```", text_, re.DOTALL)[0]
+    printed = re.search(r"\nprints\n\n```\n(.*?)```", text_, re.DOTALL)
+    assert printed is not None
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(snippet, str(doc), "exec"), {})
+    assert out.getvalue() == printed[1]
