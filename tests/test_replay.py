@@ -11,7 +11,9 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import httpx
 import pytest
+from pydantic import BaseModel
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
@@ -25,8 +27,10 @@ from dormant.models.registry import register_provider
 from dormant.replay import ReplayTools
 from dormant.replay.batch import pick_sources, replay_batch
 from dormant.replay.tools import MISS_PREFIX
-from dormant.stores.base import Priority, Store, ThreadStatus
+from dormant.stores.base import NewThread, Priority, Store, StoredItem, ThreadStatus
 from dormant.stores.sql.store import SQLStore
+from dormant.tools.http import http_tool
+from dormant.tools.mcp import McpServer, McpTool
 from tests.conftest import StoreOpener
 
 ran: dict[str, int] = {"lookup": 0, "refund": 0, "start_job": 0, "add": 0}
@@ -153,6 +157,8 @@ def test_a_replay_with_the_same_model_repeats_the_source_and_runs_no_tool(
         assert info.status is ThreadStatus.IDLE and info.source_id == source
         assert info.metadata["replay"]["tag"] == "exp1"
         assert info.metadata["replay"]["code_version"] == system.thread(source).code_version
+        assert info.metadata["tenant"] == "replay:exp1"  # its own admission flow
+        assert {r.priority for r in system.store.inbox(replay)} == {Priority.BACKGROUND}
 
 
 def test_a_replay_never_runs_a_side_effecting_tool_its_changed_model_calls(
@@ -364,3 +370,77 @@ def test_the_evaluation_page_example_prints_what_it_says() -> None:
     with contextlib.redirect_stdout(out):
         exec(compile(snippet, str(doc), "exec"), {})
     assert out.getvalue() == printed[1]
+
+
+class _Query(BaseModel):
+    q: str
+
+
+def test_a_replay_sends_no_http_mcp_or_subscription_call_and_writes_no_outbox_row(
+    open_store: StoreOpener,
+) -> None:
+    """A source that called an HTTP tool, an MCP tool and a webhook subscription: its
+    replay is served all three from the record; no request leaves, no outbox row exists."""
+    requests: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return httpx.Response(200, json={"result": "live"})
+
+    crm = http_tool(
+        "crm",
+        "http://crm.invalid/call",
+        description="The CRM.",
+        arguments=_Query,
+        deferred=False,
+        transport=httpx.MockTransport(answer),
+    )
+    docs = McpTool(
+        name="docs_search",
+        description="Search the docs.",
+        arguments=_Query,
+        server=McpServer(stdio=("/nonexistent/mcp-server",)),
+        remote_name="search",
+        input_schema={"type": "object", "properties": {"q": {"type": "string"}}},
+    )
+
+    @tool(subscription=True)
+    def watch_tickets(q: str) -> str:
+        """Webhook subscription to new tickets."""
+        raise AssertionError("a replay subscribed again")
+
+    made = (
+        call("crm", "c1", q="a"),
+        call("docs_search", "c2", q="b"),
+        call("watch_tickets", "c3", q="c"),
+    )
+
+    def script(items: Sequence[Item]) -> Completion:
+        if isinstance(items[-1], UserText):
+            return reply("", *(call(c.name, **c.args) for c in made))
+        return reply("all done")
+
+    register_provider("recorded", lambda name: ScriptedModel(script))
+    agent = Agent("ops", model=ScriptedModel(script), tools=[crm, docs, watch_tickets])
+    recorded = [
+        StoredItem(1, "launch:src", UserText(text="check everything")),
+        StoredItem(2, "turn:2", AssistantTurn(calls=made)),
+        StoredItem(3, "result:c1", ToolResult(call_id="c1", name="crm", content="crm: ok")),
+        StoredItem(
+            4, "result:c2", ToolResult(call_id="c2", name="docs_search", content="docs: ok")
+        ),
+        StoredItem(
+            5, "result:c3", ToolResult(call_id="c3", name="watch_tickets", content="watching")
+        ),
+        StoredItem(6, "turn:6", AssistantTurn(text="all done")),
+    ]
+    store = open_store()
+    store.create_thread(NewThread(id="thr_src", agent="ops", items=recorded))
+    with LocalSystem([agent], settings=_settings(), store=store) as system:
+        replay = system.replay("thr_src", model="recorded:same")
+        system.run_until_idle()
+        found = system.diff("thr_src", replay)
+
+    assert found.same and (found.served, found.missed, found.live) == (3, 0, 0)
+    assert requests == []
+    assert _outbox_rows(store, replay) in (None, 0)
