@@ -20,7 +20,15 @@ from typer.testing import CliRunner
 from dormant import Agent, LocalSystem, Settings, ToolContext, tool
 from dormant.cli import app
 from dormant.errors import DuplicateMessage, InvalidForkPoint
-from dormant.messages import AssistantTurn, Item, ToolResult, UserMessage, UserText
+from dormant.messages import (
+    AssistantTurn,
+    EventShown,
+    Item,
+    ToolCall,
+    ToolResult,
+    UserMessage,
+    UserText,
+)
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.models.registry import register_provider
@@ -444,3 +452,91 @@ def test_a_replay_sends_no_http_mcp_or_subscription_call_and_writes_no_outbox_ro
     assert found.same and (found.served, found.missed, found.live) == (3, 0, 0)
     assert requests == []
     assert _outbox_rows(store, replay) in (None, 0)
+
+
+def _crafted(store: Store, thread_id: str, agent: str, items: list[Item]) -> None:
+    """A recorded source written as it was stored (no model or tool runs for it)."""
+    stored = [StoredItem(seq, f"m{seq}", item) for seq, item in enumerate(items, 1)]
+    store.create_thread(NewThread(id=thread_id, agent=agent, items=stored))
+
+
+@tool(subscription=True)
+def watch_prs(repo: str) -> str:
+    """Subscribe to pull requests."""
+    raise AssertionError("a replay subscribed again")
+
+
+def _watcher(items: Sequence[Item]) -> Completion:
+    last = items[-1]
+    if isinstance(last, UserText) and last.text == "nap":
+        return reply("", call("sleep", seconds=3600))
+    if isinstance(last, UserText):
+        return reply("", call("watch_prs", repo=last.text))
+    if isinstance(last, EventShown):
+        return reply(f"noted: {last.content}")
+    assert isinstance(last, ToolResult)
+    return reply(f"ok: {last.content}")
+
+
+def test_a_replay_feeds_recorded_events_to_the_subscription_it_was_served(
+    open_store: StoreOpener,
+) -> None:
+    register_provider("watcher", lambda name: ScriptedModel(_watcher))
+    agent = Agent("watcher", model=ScriptedModel(_watcher), tools=[watch_prs])
+    sub = ToolCall(call_id="c1", name="watch_prs", args={"repo": "acme"})
+    store = open_store()
+    _crafted(
+        store,
+        "thr_watch",
+        "watcher",
+        [
+            UserText(text="acme"),
+            AssistantTurn(calls=(sub,)),
+            ToolResult(call_id="c1", name="watch_prs", content="watching acme"),
+            AssistantTurn(text="ok: watching acme"),
+            EventShown(
+                call_id="e1",
+                original_call_id="c1",
+                original_name="watch_prs",
+                original_args={"repo": "acme"},
+                content="PR 7 opened",
+            ),
+            AssistantTurn(text="noted: PR 7 opened"),
+        ],
+    )
+    with LocalSystem([agent], settings=_settings(), store=store) as system:
+        replay = system.replay("thr_watch", model="watcher:same")
+        system.run_until_idle()
+        found = system.diff("thr_watch", replay)
+        shown = [i for i in system.history(replay) if isinstance(i, EventShown)]
+
+    assert found.same, found.first_divergence
+    assert [(e.original_name, e.content) for e in shown] == [("watch_prs", "PR 7 opened")]
+
+
+def test_a_replay_serves_a_recorded_sleep_without_waiting_for_a_timer(
+    open_store: StoreOpener,
+) -> None:
+    register_provider("watcher", lambda name: ScriptedModel(_watcher))
+    agent = Agent("watcher", model=ScriptedModel(_watcher), tools=[watch_prs])
+    nap = ToolCall(call_id="s1", name="sleep", args={"seconds": 3600})
+    store = open_store()
+    _crafted(
+        store,
+        "thr_nap",
+        "watcher",
+        [
+            UserText(text="nap"),
+            AssistantTurn(calls=(nap,)),
+            ToolResult(call_id="s1", name="sleep", content="Woke up after 3600 s."),
+            AssistantTurn(text="ok: Woke up after 3600 s."),
+        ],
+    )
+    with LocalSystem([agent], settings=_settings(), store=store) as system:
+        replay = system.replay("thr_nap", model="watcher:same")
+        system.run_until_idle()
+        found = system.diff("thr_nap", replay)
+        status = system.thread(replay).status
+
+    assert status is ThreadStatus.IDLE  # not waiting an hour on a timer of its own
+    assert found.same, found.first_divergence

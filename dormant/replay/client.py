@@ -66,8 +66,9 @@ class ForkMethods:
         """Replay ``thread_id`` from its user message at ``from_seq``; returns the
         replay's thread id (``diff`` compares the two).
 
-        The replay is a fork just before that message. The source's user messages from
-        there on are fed in their recorded order, one per turn, while the model runs live
+        The replay is a fork just before that message. The source's outside inputs from
+        there on (user text, events) are fed in their recorded order, one per turn, while
+        the model runs live
         with ``model`` (a model string, ``"openai:gpt-5-mini"``) and ``instructions`` in
         place of the agent's. Tool calls are answered from the source's record, never by
         running the tool (``ReplayTools`` says how they match and what a miss does); the

@@ -72,11 +72,12 @@ def start_call(
     error = tool.error_for(call.args)
     if error is not None:
         return answer(error, is_error=True)
+    served = serve(agent, call, tool, applied.calls)  # a replay answers from its record
+    if served is not None:
+        turn.closing = turn.closing or served.stop
+        live = tool.subscription and not served.is_error  # its recorded events are fed
+        return answer(served.content, served.is_error, state=_subscribed_if(live))
     if not tool.builtin:
-        served = serve(agent, call, applied.calls)  # a replay answers from its record
-        if served is not None:
-            turn.closing = turn.closing or served.stop
-            return answer(served.content, served.is_error)
         record(CallState.PENDING, subscription=tool.subscription)
         turn.outbox.append((call.call_id, "tool"))
         return None
@@ -119,6 +120,10 @@ def start_call(
             turn.enqueue.append((child.id, f"parent:{call.call_id}", note, Priority.BACKGROUND))
             return answer(f"Message sent to child thread {child.id}.")
     return None
+
+
+def _subscribed_if(live: bool) -> CallState:
+    return CallState.SUBSCRIBED if live else CallState.ANSWERED
 
 
 def fresh_ids(calls: tuple[ToolCall, ...], known: dict[str, CallRecord]) -> tuple[ToolCall, ...]:
