@@ -32,6 +32,7 @@ from dormant.messages import (
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.models.registry import register_provider
+from dormant.ops.check import check_store
 from dormant.replay import ReplayTools
 from dormant.replay.batch import pick_sources, replay_batch
 from dormant.replay.tools import MISS_PREFIX
@@ -167,6 +168,7 @@ def test_a_replay_with_the_same_model_repeats_the_source_and_runs_no_tool(
         assert info.metadata["replay"]["code_version"] == system.thread(source).code_version
         assert info.metadata["tenant"] == "replay:exp1"  # its own admission flow
         assert {r.priority for r in system.store.inbox(replay)} == {Priority.BACKGROUND}
+        assert check_store(system.store) == []
 
 
 def test_a_replay_never_runs_a_side_effecting_tool_its_changed_model_calls(
