@@ -283,13 +283,11 @@ class DuplicateMessage(MessageRejected):
 
 
 class InvalidForkPoint(MessageRejected):
-    """``fork``/``replay`` at a seq the thread's history does not reach (nothing made)."""
+    """``fork`` at a seq the thread's history does not reach, ``replay`` from one that is
+    not user text (nothing made)."""
 
-    def __init__(
-        self, thread_id: str, at_seq: int, last_seq: int, *, what: str = "item to fork at"
-    ) -> None:
-        where = f"(its history runs from 1 to {last_seq})" if what == "item to fork at" else ""
-        super().__init__(f"thread {thread_id!r} has no {what} at seq {at_seq} {where}".strip())
+    def __init__(self, thread_id: str, at_seq: int, why: str) -> None:
+        super().__init__(f"thread {thread_id!r}: cannot start at seq {at_seq}: {why}")
         self.thread_id = thread_id
         self.at_seq = at_seq
 

@@ -266,7 +266,7 @@ def test_a_redelivered_replay_slice_adds_nothing_twice(open_store: StoreOpener) 
 def test_a_replay_must_start_at_recorded_user_text(open_store: StoreOpener) -> None:
     with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
         source = _recorded(system, "order 1")
-        with pytest.raises(InvalidForkPoint, match="no user text to replay from at seq 2"):
+        with pytest.raises(InvalidForkPoint, match="seq 2: a replay starts at recorded user text"):
             system.replay(source, from_seq=2)
 
 

@@ -41,9 +41,7 @@ def start_replay(
     source = store.thread(thread_id)
     first = tail(store, source, from_seq, 1) if from_seq >= 1 else []
     if not first or first[-1].seq != from_seq or not isinstance(first[-1].item, UserText):
-        raise InvalidForkPoint(
-            source.id, from_seq, max(from_seq - 1, 0), what="user text to replay from"
-        )
+        raise InvalidForkPoint(source.id, from_seq, "a replay starts at recorded user text")
     record = {
         "source": source.id,
         "from_seq": from_seq,

@@ -129,7 +129,8 @@ def open_at(store: ForkStore, source: ThreadInfo, at_seq: int) -> list[ToolCall]
     while True:
         window = tail(store, source, at_seq, count)
         if at_seq < 1 or not window or window[-1].seq != at_seq:
-            raise InvalidForkPoint(source.id, at_seq, _last_seq(store, source))
+            last = _last_seq(store, source)
+            raise InvalidForkPoint(source.id, at_seq, f"its history runs from 1 to {last}")
         turns = [i for i, s in enumerate(window) if isinstance(s.item, AssistantTurn)]
         if turns or len(window) < count:
             since = window[turns[-1] if turns else 0 :]
