@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from dormant import Agent, LocalSystem, Settings, ToolContext, tool
 from dormant.cli import app
 from dormant.errors import InvalidForkPoint, UnknownThread
+from dormant.http.ui.dashboard import Dashboard, UIRequest
 from dormant.messages import AssistantTurn, Item, Summary, ToolResult, Usage, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
@@ -282,3 +283,23 @@ def test_a_fork_reads_and_writes_as_much_for_ten_thousand_source_items_as_for_te
     assert counting.read <= 32  # one window back from the fork point, whatever the size
     assert store.own_items(made.id) == []
     assert [s.seq for s in store.history(made.id)][-3:] == [size - 2, size - 1, size]
+
+
+def test_a_fork_streams_budgets_and_shows_on_the_dashboard_like_any_root(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _chat(system, "one", "two")
+        fork_id = system.fork(source, at_seq=2)
+        system.raise_budget(fork_id, max_tokens=10_000)
+        system.send(fork_id, "other")
+        system.run_until_idle()
+        system.close_thread(fork_id, reason="tried")
+        events = list(system.stream(fork_id, timeout_s=5))
+        page = Dashboard(system).handle(UIRequest("GET", "thread", "/ui/", query={"id": fork_id}))
+        spent = system.thread(fork_id).tree_tokens
+
+    # A stream carries what the thread itself adds, as a child's does: its own items.
+    assert [e.type for e in events] == ["item", "item", "status"]
+    assert page.status == 200 and "you said other" in page.body.decode()
+    assert spent > 0  # the fork's own tree: its source's spend is not counted
