@@ -542,3 +542,11 @@ def test_a_replay_serves_a_recorded_sleep_without_waiting_for_a_timer(
 
     assert status is ThreadStatus.IDLE  # not waiting an hour on a timer of its own
     assert found.same, found.first_divergence
+
+
+def test_a_thread_launched_with_replay_metadata_is_no_replay(open_store: StoreOpener) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        thread_id = system.launch("support", "order 1", metadata={"replay": "mine"})
+        system.run_until_idle()
+        assert system.history(thread_id)[-1] == AssistantTurn(text="answer: order 1 shipped")
+        assert ran["lookup"] == 1

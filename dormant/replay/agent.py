@@ -56,10 +56,11 @@ class Served:
 
 
 def replayed(agent: Agent, thread: ThreadInfo, store: _Reader) -> Agent:
-    """``agent`` as ``thread`` runs it: itself, unless the thread is a replay."""
-    meta: dict[str, Any] | None = thread.metadata.get(REPLAY_KEY)
-    if meta is None:
+    """``agent`` as ``thread`` runs it: itself, unless the thread is a replay (told by its
+    tag, which only ``start_replay`` writes, not by metadata a launch could carry)."""
+    if thread.source_id is None or not (thread.tag or "").startswith("replay:"):
         return agent
+    meta: dict[str, Any] = thread.metadata[REPLAY_KEY]
     tools = ReplayTools.from_stored(meta.get("tools") or {})
     source = store.thread(meta["source"])
     fork_seq = int(meta["fork_seq"])
