@@ -17,7 +17,7 @@ from pydantic import BaseModel
 from sqlalchemy import create_engine, text
 from typer.testing import CliRunner
 
-from dormant import Agent, LocalSystem, Settings, ToolContext, tool
+from dormant import Agent, LocalSystem, ReplayTools, Settings, ToolContext, tool
 from dormant.cli import app
 from dormant.errors import DuplicateMessage, InvalidForkPoint
 from dormant.messages import (
@@ -33,7 +33,6 @@ from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.models.registry import register_provider
 from dormant.ops.check import check_store
-from dormant.replay import ReplayTools
 from dormant.replay.batch import pick_sources, replay_batch
 from dormant.replay.tools import MISS_PREFIX
 from dormant.stores.base import NewThread, Priority, Store, StoredItem, ThreadStatus
