@@ -40,6 +40,7 @@ from dormant.stores.sql.store import SQLStore
 from dormant.tools.http import http_tool
 from dormant.tools.mcp import McpServer, McpTool
 from tests.conftest import StoreOpener
+from tests.harness import Harness
 
 ran: dict[str, int] = {"lookup": 0, "refund": 0, "start_job": 0, "add": 0}
 
@@ -117,7 +118,7 @@ def _recorded(system: LocalSystem, *texts: str) -> str:
     return thread_id
 
 
-def _after_fork(system: LocalSystem, thread_id: str) -> list[Item]:
+def _after_fork(system: LocalSystem | Harness, thread_id: str) -> list[Item]:
     fork = system.thread(thread_id).fork_seq or 0
     return [s.item for s in system.stored_history(thread_id, full=True) if s.seq > fork]
 
@@ -549,3 +550,23 @@ def test_a_thread_launched_with_replay_metadata_is_no_replay(open_store: StoreOp
         system.run_until_idle()
         assert system.history(thread_id)[-1] == AssistantTurn(text="answer: order 1 shipped")
         assert ran["lookup"] == 1
+
+
+@pytest.mark.parametrize("point", ["before_commit", "after_commit"])
+def test_a_replay_slice_that_dies_and_is_delivered_again_adds_nothing_twice(
+    open_store: StoreOpener, point: str
+) -> None:
+    harness = Harness(AGENT, store=open_store())
+    source = harness.launch("support", "order 1")
+    harness.drain()
+    harness.send(source, "order 2")
+    harness.drain()
+    replay = harness.replay(source, model="replaytest:same")
+    harness.crash_at(point, lambda: harness.step(replay))  # the first input's slice dies
+    harness.step(replay)  # delivered again
+    harness.drain()
+
+    assert _shape(_after_fork(harness, replay)) == _shape(harness.history(source, full=True))
+    fed = [s.message_id for s in harness.stored_history(replay) if isinstance(s.item, UserText)]
+    assert fed == ["replay:1", "replay:5"]
+    assert ran["lookup"] == 2
