@@ -3,6 +3,7 @@ the source's history up to a seq by reference, then an ordinary thread of its ow
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -303,3 +304,20 @@ def test_a_fork_streams_budgets_and_shows_on_the_dashboard_like_any_root(
     assert [e.type for e in events] == ["item", "item", "status"]
     assert page.status == 200 and "you said other" in page.body.decode()
     assert spent > 0  # the fork's own tree: its source's spend is not counted
+
+
+def test_dormant_threads_and_the_dashboard_list_say_what_a_fork_came_from(
+    tmp_path: object,
+) -> None:
+    url = f"sqlite:///{tmp_path}/l.db"
+    with LocalSystem([AGENT], url, settings=_settings()) as system:
+        source = _chat(system, "one")
+        fork_id = system.fork(source, at_seq=1)
+        listing = Dashboard(system).handle(UIRequest("GET", "", "/ui/")).body.decode()
+    shown = CliRunner().invoke(app, ["threads", "--database-url", url])
+    as_json = CliRunner().invoke(app, ["threads", "--database-url", url, "--json"])
+    assert shown.exit_code == 0 and as_json.exit_code == 0, shown.output
+    assert f"[fork of {source} at 1]" in shown.output
+    record = next(r for r in json.loads(as_json.output) if r["id"] == fork_id)
+    assert (record["source_id"], record["fork_seq"], record["tag"]) == (source, 1, None)
+    assert f'fork of <a class="mono" href="/ui/thread?id={source}">' in listing
