@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from dormant.client import Client
     from dormant.errors import DormantError
     from dormant.local import LocalSystem
+    from dormant.replay.tools import ReplayTools
     from dormant.settings import Settings
     from dormant.tools.base import Tool, ToolContext, tool
 
@@ -31,6 +32,7 @@ __all__ = [
     "Client",
     "DormantError",
     "LocalSystem",
+    "ReplayTools",
     "Settings",
     "Tool",
     "ToolContext",
@@ -45,6 +47,7 @@ _HOMES = {
     "Client": "dormant.client",
     "DormantError": "dormant.errors",
     "LocalSystem": "dormant.local",
+    "ReplayTools": "dormant.replay.tools",
     "Settings": "dormant.settings",
     "Tool": "dormant.tools.base",
     "ToolContext": "dormant.tools.base",

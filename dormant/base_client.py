@@ -39,6 +39,7 @@ from dormant.messages import (
     UserText,
 )
 from dormant.ops.retry import redrive
+from dormant.replay.client import ForkMethods
 from dormant.runtime.budgets import raise_limits
 from dormant.runtime.close import Closing, close_thread, log_incomplete
 from dormant.runtime.history import SCHEDULED
@@ -77,7 +78,7 @@ def new_thread_id() -> str:
     return f"thr_{uuid.uuid4().hex[:20]}"
 
 
-class BaseClient(ApprovalMethods, ABC):
+class BaseClient(ApprovalMethods, ForkMethods, ABC):
     """Everything a caller does to threads, over a store, a dedup set and a waker."""
 
     def __init__(

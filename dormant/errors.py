@@ -23,6 +23,7 @@
     │   ├── InboxFull               the thread already has ``max_inbox_depth`` open rows
     │   ├── CallAnswered            a second, different result for an answered call
     │   ├── DuplicateMessage        the message id was already received
+    │   ├── InvalidForkPoint        a fork's ``at_seq`` is not a position in the thread's history
     │   └── DecisionRefused         an approval decision that cannot be taken
     │       ├── NotAwaitingApproval the call never asked for approval
     │       ├── AlreadyDecided      first decision wins: this call was decided
@@ -74,6 +75,7 @@ __all__ = [
     "HistoryTooLarge",
     "InboxFull",
     "InvalidEdit",
+    "InvalidForkPoint",
     "InvalidStreamId",
     "InvalidToken",
     "InvalidToolArguments",
@@ -333,6 +335,16 @@ class DecisionNotAllowed(DecisionRefused):
 
 class InvalidEdit(DecisionRefused):
     """Edited arguments that fail the tool's schema; the reason says which field."""
+
+
+class InvalidForkPoint(MessageRejected):
+    """``fork`` at a seq the thread's history does not reach, ``replay`` from one that is
+    not user text (nothing made)."""
+
+    def __init__(self, thread_id: str, at_seq: int, why: str) -> None:
+        super().__init__(f"thread {thread_id!r}: cannot start at seq {at_seq}: {why}")
+        self.thread_id = thread_id
+        self.at_seq = at_seq
 
 
 class ThreadsFailed(DormantError):

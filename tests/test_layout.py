@@ -16,8 +16,10 @@ PACKAGE = ROOT / "dormant"
 PUBLIC = {
     "dormant": {
         "Agent", "Approval", "BaseClient", "Budget", "Client", "DormantError", "LocalSystem",
+        "ReplayTools",
         "Settings", "Tool", "ToolContext", "tool",
     },
+    "dormant.replay": {"ReplayTools"},
     "dormant.models": {
         "AnthropicModel", "ChunkSink", "Completion", "Model", "ModelRequest", "ModelSettings",
         "OpenAIModel", "RateLimit", "ScriptedModel", "SimulatedModel", "ToolChoice", "ToolSpec",

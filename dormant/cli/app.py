@@ -27,6 +27,7 @@ from dormant.cli.connect import (
     redact,
 )
 from dormant.cli.errors import DEBUG_FLAG, PROG, reported, say
+from dormant.cli.forks import diff, fork, replay
 from dormant.cli.options import (
     DatabaseOption,
     JsonOption,
@@ -388,6 +389,9 @@ app.command()(reported(prune))
 app.command()(reported(usage))
 app.command("raise-budget")(reported(raise_budget))
 app.command()(reported(versions))
+app.command()(reported(fork))
+app.command()(reported(diff))
+app.command()(reported(replay))
 app.command()(reported(_own_celery_app(worker)))
 app.command()(reported(_own_celery_app(beat)))
 app.command()(reported(serve))

@@ -82,6 +82,9 @@ def _label(store: Store, info: ThreadInfo) -> Text:
     role = info.metadata.get("role")
     if role:
         label.append(f"  [{role}]", style="dim")
+    if info.source_id is not None:
+        kind = "replay" if info.tag else "fork"
+        label.append(f"  [{kind} of {info.source_id} at {info.fork_seq}]", style="dim")
     if waiting:
         label.append(f"  waiting on {', '.join(waiting)}", style="yellow")
     if live:
@@ -168,6 +171,9 @@ def thread_record(store: Store, info: ThreadInfo) -> dict[str, Any]:
         "parent_call_id": info.parent_call_id,
         "root_id": info.root_id,
         "role": info.metadata.get("role"),
+        "source_id": info.source_id,
+        "fork_seq": info.fork_seq,
+        "tag": info.tag,
         "waiting_on": state.waiting,
         "subscribed_to": state.subscribed,
         "inbox_pending": state.inbox_pending,

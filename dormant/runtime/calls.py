@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from dormant.agents import Agent
 from dormant.messages import EVENT_TOOL_NAME, ParentMessage, ToolCall, ToolResult, ToolResultMessage
+from dormant.replay.agent import serve
 from dormant.runtime.approvals import ask_approval
 from dormant.runtime.children import close_thread, report_to_parent, spawn_child
 from dormant.runtime.history import Applied
@@ -72,6 +73,11 @@ def start_call(
     error = tool.error_for(call.args)
     if error is not None:
         return answer(error, is_error=True)
+    served = serve(agent, call, tool, applied.calls)  # a replay answers from its record
+    if served is not None:
+        turn.closing = turn.closing or served.stop
+        live = tool.subscription and not served.is_error  # its recorded events are fed
+        return answer(served.content, served.is_error, state=_subscribed_if(live))
     if not tool.builtin:
         record(CallState.PENDING, subscription=tool.subscription)
         if not ask_approval(agent, tool, call, ctx.thread, turn, applied, ctx.now):
@@ -116,6 +122,10 @@ def start_call(
             turn.enqueue.append((child.id, f"parent:{call.call_id}", note, Priority.BACKGROUND))
             return answer(f"Message sent to child thread {child.id}.")
     return None
+
+
+def _subscribed_if(live: bool) -> CallState:
+    return CallState.SUBSCRIBED if live else CallState.ANSWERED
 
 
 def fresh_ids(calls: tuple[ToolCall, ...], known: dict[str, CallRecord]) -> tuple[ToolCall, ...]:

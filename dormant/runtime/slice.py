@@ -43,6 +43,7 @@ from dormant.messages import (
     Usage,
 )
 from dormant.models.base import Model, ModelRequest
+from dormant.replay.agent import feed, replayed
 from dormant.runtime.admission import Caller, defer
 from dormant.runtime.approvals import ApprovalDesk
 from dormant.runtime.budgets import Meter
@@ -259,6 +260,7 @@ class _Slice(SliceWatch, SliceCommit):
         desk = ApprovalDesk.open(agent, snap, turn)
         applied = apply_inbox(snap.thread, snap.calls, snap.inbox, decide=desk.decide)
         desk.settle(applied)
+        agent = replayed(agent, snap.thread, deps.store)  # a replay's overrides and record
         for message_id, item in applied.items:
             turn.add(message_id, item)
         for spawn in applied.spawns:
@@ -282,6 +284,9 @@ class _Slice(SliceWatch, SliceCommit):
                 if overtaken is not None:
                     return overtaken, None
                 return self._fail(snap, error)
+        fed = feed(agent, snap, turn.items, applied.calls, turn.closing)
+        if fed is not None:  # a replay's next recorded input, queued with this turn
+            turn.enqueue.append(fed)
         committed = self._commit(snap, applied, turn)
         if turn.meter is not None and turn.meter.stopped and self.committed:
             return self._failed(0, turn.meter.stopped, stall_after=1), committed[1]

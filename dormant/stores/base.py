@@ -106,6 +106,10 @@ class SliceStore(Protocol):
         """Direct children, oldest first."""
         ...
 
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        """The thread's own items (a replay reads its source's transcript)."""
+        ...
+
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
     ) -> bool:
@@ -179,6 +183,11 @@ class QueryStore(Protocol):
 
     def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
         """The thread's own stored items (no inheritance), up to ``upto_seq`` inclusive."""
+        ...
+
+    def own_items_between(self, thread_id: str, after_seq: int, upto_seq: int) -> list[StoredItem]:
+        """The thread's own items with ``after_seq < seq <= upto_seq``, in order: a window
+        read at the cost of its size, not of the history's (``lineage.tail``)."""
         ...
 
     def call(self, thread_id: str, call_id: str) -> CallRecord: ...

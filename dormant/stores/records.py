@@ -37,6 +37,7 @@ __all__ = [
     "VersionChange",
     "VersionSpan",
     "WorkerCard",
+    "usage_key",
     "version_spans",
 ]
 
@@ -162,6 +163,18 @@ class ThreadInfo:
     message_completions: int = 0
     """The thread's own completions since the last user text it applied (``retry``
     resets it): what ``Budget.max_completions_per_message`` bounds."""
+    source_id: str | None = None
+    """On a fork (``runtime/forks.py``): the thread whose history it inherits up to
+    ``fork_seq``, by reference. A fork is a root of its own: closing, pruning or
+    budgeting its source never reaches it (``parent_id`` is for children only)."""
+    tag: str | None = None
+    """A replay's tag (``"replay:<tag>"``): its usage is counted apart, under
+    ``usage_key`` (``dormant usage``), never mixed with production's."""
+
+
+def usage_key(agent: str, tag: str | None) -> str:
+    """The name a thread's usage is summed under: its agent, and a replay's tag apart."""
+    return agent if not tag else f"{agent} [{tag}]"
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,6 +287,12 @@ class NewThread:
     messages: list[tuple[str, Inbound, int]] = field(default_factory=list)
     """(message_id, message, priority) inbox rows queued with the thread, in the same
     transaction (a launch's first message): a thread never exists without them."""
+    source_id: str | None = None
+    """A fork's source (``ThreadInfo.source_id``)."""
+    status: ThreadStatus = ThreadStatus.IDLE
+    """Waiting for a fork that keeps calls open at its fork point; idle otherwise."""
+    tag: str | None = None
+    """``ThreadInfo.tag``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -103,6 +103,10 @@ class Tool:
     approval: ApprovalRule = None
     """Whether a call waits for a person's decision before it runs (``docs/approvals.md``):
     True, an ``Approval`` policy, or None/False."""
+    side_effect_free: bool = False
+    """The tool changes nothing outside dormant (a lookup, a computation): a replay may run
+    it live when the record has no result for a call (``ReplayTools(on_miss="live")``).
+    Every other tool (HTTP and MCP tools included) is never run by a replay."""
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -162,6 +166,7 @@ def tool(
     aliases: Sequence[str] = (),
     upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     approval: ApprovalRule = None,
+    side_effect_free: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -176,13 +181,16 @@ def tool(
     aliases: Sequence[str] = (),
     upgrade_args: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
     approval: ApprovalRule = None,
+    side_effect_free: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a function a tool: ``@tool`` or ``@tool(deferred=True)`` etc.
 
     ``aliases`` are the tool's earlier names (a rename): calls stored under them, made
     before a deploy, still run it. ``upgrade_args`` maps arguments stored under an earlier
     signature to the current one (``docs/upgrades.md``). ``approval`` holds each call for a
-    person's decision (``Approval``, ``docs/approvals.md``)."""
+    person's decision (``Approval``, ``docs/approvals.md``). ``side_effect_free=True``
+    declares that running it changes nothing outside dormant, so a replay may run it live
+    (``docs/forks.md``)."""
 
     def make(f: Callable[..., Any]) -> Tool:
         arguments, context_param = _arguments_model(f)
@@ -198,6 +206,7 @@ def tool(
             aliases=tuple(aliases),
             upgrade_args=upgrade_args,
             approval=approval,
+            side_effect_free=side_effect_free,
         )
 
     return make(fn) if fn is not None else make

@@ -32,6 +32,7 @@ from dormant.http.ui.approvals_page import approvals_body, decide_from_form
 from dormant.http.ui.guard import CSRF_COOKIE, SESSION_COOKIE, SESSION_TTL_S, Csrf, TokenGate
 from dormant.http.ui.html import esc, page
 from dormant.http.ui.listing import ListQuery, list_body
+from dormant.http.ui.replays import replays_body
 from dormant.http.ui.thread_page import thread_body, thread_state
 from dormant.stores.base import ThreadInfo, ThreadStatus
 
@@ -130,6 +131,11 @@ class Dashboard:
         if path == "thread" and request.method == "GET":
             info = self.client.thread(request.query.get("id", ""))
             return self._thread(request, info, now)
+        if path == "replays" and request.method == "GET":
+            tag = request.query.get("tag", "")
+            body = replays_body(self.client.store, tag, request.root, now)
+            nav = f'<a href="{esc(request.root)}">threads</a> / replays {esc(tag)}'
+            return self._html(request, 200, f"replays {tag}", body, nav)
         if path == "thread/state" and request.method == "GET":
             info = self.client.thread(request.query.get("id", ""))
             state = thread_state(self.client, info, root=request.root, now=now)

@@ -108,6 +108,10 @@ def _row(info: ThreadInfo, root: str, now: datetime) -> str:
         note = f'<span class="muted">{esc(short(info.closed_reason, 90))}</span>'
     elif info.metadata.get("role"):
         note = f'<span class="muted">{esc(info.metadata["role"])}</span>'
+    elif info.source_id is not None:
+        kind = "replay" if info.tag else "fork"
+        source = f'<a class="mono" href="{href(root, "thread", id=info.source_id)}">'
+        note = f'<span class="muted">{kind} of {source}{esc(info.source_id)}</a></span>'
     parent = (
         f'<a class="mono" href="{href(root, "thread", id=info.parent_id)}">'
         f"{esc(info.parent_id)}</a>"

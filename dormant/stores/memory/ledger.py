@@ -20,6 +20,7 @@ from typing import Any
 
 from dormant.stores.base import Spend, ThreadInfo
 from dormant.stores.memory import thread as stored
+from dormant.stores.records import usage_key
 
 __all__ = ["MemoryLedger", "MemorySpending"]
 
@@ -33,14 +34,17 @@ class MemoryLedger:
 
     def __init__(self) -> None:
         self._entries: dict[str, bytearray] = {}
-        self._agents: dict[str, str] = {}
+        self._agents: dict[str, tuple[str, str | None]] = {}
+        """Each thread's agent and tag (a replay's usage is summed apart, ``usage_key``)."""
 
-    def add(self, thread_id: str, agent: str, at: datetime, spend: Spend) -> None:
+    def add(
+        self, thread_id: str, agent: str, at: datetime, spend: Spend, tag: str | None = None
+    ) -> None:
         minute = int(at.timestamp()) // _MINUTE_S
         packed = self._entries.get(thread_id)
         if packed is None:
             packed = self._entries[thread_id] = bytearray()
-            self._agents[thread_id] = agent
+            self._agents[thread_id] = (agent, tag)
         last = len(packed) - _ENTRY.size
         if last >= 0:
             was, completions, input_tokens, output_tokens, cached, cost = _ENTRY.unpack_from(
@@ -79,11 +83,10 @@ class MemoryLedger:
         after = since.timestamp() / _MINUTE_S if since is not None else None
         totals: dict[str, Spend] = {}
         for tid, packed in self._entries.items():
-            name = self._agents[tid]
-            if (thread_id is not None and tid != thread_id) or (
-                agent is not None and name != agent
-            ):
+            of, tag = self._agents[tid]
+            if (thread_id is not None and tid != thread_id) or (agent is not None and of != agent):
                 continue
+            name = usage_key(of, tag)
             for entry in _ENTRY.iter_unpack(packed):
                 if after is None or entry[0] >= after:
                     totals[name] = totals.get(name, Spend()) + _spend(entry)
@@ -120,7 +123,7 @@ class MemorySpending:
         """A ledger entry, and the tokens and cost on the root's tree totals: through
         ``changes`` for a root's own commit; else on the root's record as it is, its
         version untouched (a root's slice must not go stale for its child's commit)."""
-        self._ledger.add(info.id, info.agent, now, spend)
+        self._ledger.add(info.id, info.agent, now, spend, info.tag)
         root_id = info.root_id or info.id
         if root_id == info.id:
             changes["tree_tokens"] = info.tree_tokens + spend.tokens

@@ -43,6 +43,7 @@ class MemoryRetention:
     _timers: dict[int, TimerRow]
     _timer_keys: set[tuple[str, str]]
     _children: dict[str, list[str]]
+    _forks: dict[str, list[str]]
     _ledger: MemoryLedger
 
     def _get(self, thread_id: str) -> StoredThread:
@@ -146,6 +147,8 @@ class MemoryRetention:
             info = info_of(self._threads[thread_id])
             if info.status is not ThreadStatus.CLOSED or info.updated_at >= older_than:
                 return None
+            if any(f in self._threads for f in self._forks.get(thread_id, ())):
+                return None  # a fork still reads its items: the source goes after it
             tree.append(thread_id)
             todo += self._children.get(thread_id, ())
         return tree
@@ -176,6 +179,7 @@ class MemoryRetention:
             self._hot.pop(thread_id, None)
             self._open.pop(thread_id, None)
             self._children.pop(thread_id, None)
+            self._forks.pop(thread_id, None)
         for row_id in [i for i, r in self._outbox.items() if r.thread_id in doomed]:
             del self._outbox[row_id]
         for timer_id in [i for i, r in self._timers.items() if r.thread_id in doomed]:

@@ -65,7 +65,7 @@ from dormant.stores.memory.retention import MemoryRetention, _waiting
 from dormant.stores.memory.roster import MemoryRoster
 from dormant.stores.memory.sweep import MemorySweep
 from dormant.stores.memory.timers import MemoryTimerQuery
-from dormant.stores.rawitem import item_line
+from dormant.stores.rawitem import item_line, parse_lines
 
 __all__ = ["MemoryStore"]
 
@@ -91,6 +91,8 @@ class MemoryStore(
         self._timer_keys: set[tuple[str, str]] = set()
         self._ids = itertools.count(1)
         self._children: dict[str, list[str]] = {}
+        self._forks: dict[str, list[str]] = {}
+        """Forks by source: retention keeps a source while a fork of it lives."""
         self._ledger = MemoryLedger()
 
     # threads ---------------------------------------------------------------------------
@@ -103,7 +105,7 @@ class MemoryStore(
             info = ThreadInfo(
                 id=thread.id,
                 agent=thread.agent,
-                status=ThreadStatus.IDLE,
+                status=thread.status,
                 version=0,
                 created_at=now,
                 updated_at=now,
@@ -112,6 +114,8 @@ class MemoryStore(
                 fork_seq=thread.fork_seq,
                 root_id=thread.root_id or thread.id,
                 metadata=dict(thread.metadata),
+                source_id=thread.source_id,
+                tag=thread.tag,
             )
             t = stored.stored_thread(info)
             t.log.append(b"".join(map(item_line, thread.items)))
@@ -122,6 +126,8 @@ class MemoryStore(
             self._threads[thread.id] = t
             if thread.parent_id is not None:
                 self._children.setdefault(thread.parent_id, []).append(thread.id)
+            if thread.source_id is not None:
+                self._forks.setdefault(thread.source_id, []).append(thread.id)
             return info
 
     def thread(self, thread_id: str) -> ThreadInfo:
@@ -219,6 +225,19 @@ class MemoryStore(
             t = self._get(thread_id)
             items = list(t.hot.items) if t.hot is not None else stored.decode_items(t)[0]
         return items if upto_seq is None else [i for i in items if i.seq <= upto_seq]
+
+    def own_items_between(self, thread_id: str, after_seq: int, upto_seq: int) -> list[StoredItem]:
+        with self._lock:
+            t = self._get(thread_id)
+            if t.hot is not None:
+                items: list[StoredItem] | list[bytes] = list(t.hot.items)
+            else:  # a cold thread's log is one deflate stream: inflate, parse only the window
+                items = t.log.plaintext()[0].split(b"\n")[:-1]
+        # Seqs are dense from the first own item on: the window is a slice, not a scan.
+        first = _seq_of(items[0]) if items else 0
+        start, stop = max(0, after_seq + 1 - first), max(0, upto_seq + 1 - first)
+        found = [i if isinstance(i, StoredItem) else parse_lines(i)[0] for i in items[start:stop]]
+        return [i for i in found if after_seq < i.seq <= upto_seq]
 
     def children(self, thread_id: str) -> list[ThreadInfo]:
         with self._lock:
@@ -409,3 +428,8 @@ class MemoryStore(
         t.ids.add(message_id)
         self._open.setdefault(thread_id, {})[row.id] = row
         return row
+
+
+def _seq_of(item: StoredItem | bytes) -> int:
+    """The seq of an item, or of an item log's line (``rawitem.item_line``)."""
+    return item.seq if isinstance(item, StoredItem) else int(item.split(b"\t", 1)[0])

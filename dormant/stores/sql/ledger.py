@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import Connection, func, select
 
 from dormant.stores.base import Spend
+from dormant.stores.records import usage_key
 from dormant.stores.sql.rows import from_nanos
 from dormant.stores.sql.tables import Schema, as_utc
 
@@ -35,10 +36,10 @@ def usage_by_agent(
         func.sum(ledger.c.cost_nanos),
     ]
     query = (
-        select(threads.c.agent, *sums)
+        select(threads.c.agent, threads.c.tag, *sums)
         .select_from(ledger.join(threads, threads.c.id == ledger.c.thread_id))
-        .group_by(threads.c.agent)
-        .order_by(threads.c.agent)
+        .group_by(threads.c.agent, threads.c.tag)
+        .order_by(threads.c.agent, threads.c.tag)
     )
     if thread_id is not None:
         query = query.where(ledger.c.thread_id == thread_id)
@@ -48,6 +49,6 @@ def usage_by_agent(
         query = query.where(ledger.c.at >= as_utc(since))
     with tx() as conn:
         return {
-            name: Spend(int(c), int(i), int(o), int(k), from_nanos(int(cost)))
-            for name, c, i, o, k, cost in conn.execute(query)
+            usage_key(name, tag): Spend(int(c), int(i), int(o), int(k), from_nanos(int(cost)))
+            for name, tag, c, i, o, k, cost in conn.execute(query)
         }

@@ -155,6 +155,9 @@ class Prepared:
         self.own_items_after: Select[Any] = own.where(items.c.seq > bindparam("after")).order_by(
             items.c.seq
         )
+        self.own_items_between: Select[Any] = own.where(
+            items.c.seq > bindparam("after"), items.c.seq <= bindparam("upto")
+        ).order_by(items.c.seq)
         # A message id the thread had: in its history (items are unique by message id),
         # or pruned from its inbox without leaving an item (``pruned_ids``, by digest).
         pruned = t.pruned_ids

@@ -146,11 +146,15 @@ class SQLRetention:
             member.c.root_id == threads.c.id,
             or_(member.c.status != ThreadStatus.CLOSED.value, member.c.updated_at >= cutoff),
         )
+        # A fork reads its source's items: a tree with a source in it waits for its forks.
+        source, fork = threads.alias("source"), threads.alias("fork")
+        forked = exists().where(source.c.root_id == threads.c.id, fork.c.source_id == source.c.id)
         return select(threads.c.id).where(
             threads.c.parent_id.is_(None),
             threads.c.status == ThreadStatus.CLOSED.value,
             threads.c.updated_at < cutoff,
             ~live_member,
+            ~forked,
         )
 
     def _finished_inbox(self, cutoff: datetime) -> Any:
@@ -238,6 +242,9 @@ class SQLRetention:
                 return None
             level = [thread_id for thread_id, _, _ in found]
             tree += level
+        forked = select(threads.c.id).where(threads.c.source_id.in_(tree)).limit(1)
+        if conn.execute(forked).first() is not None:
+            return None  # a fork still reads its items: the subtree goes after it
         return tree
 
     @retry_busy

@@ -91,7 +91,9 @@ def thread_values(thread: NewThread, now: datetime) -> dict[str, Any]:
         "parent_call_id": thread.parent_call_id,
         "fork_seq": thread.fork_seq,
         "root_id": thread.root_id or thread.id,
-        "status": ThreadStatus.IDLE.value,
+        "source_id": thread.source_id,
+        "tag": thread.tag,
+        "status": thread.status.value,
         "version": 0,
         "failures": 0,
         "last_error": "",
@@ -144,6 +146,8 @@ def thread_info(row: Row) -> ThreadInfo:
         tree_cost=from_nanos(row["tree_cost_nanos"]),
         message_completions=row["message_completions"],
         code_version=row["code_version"],
+        source_id=row["source_id"],
+        tag=row["tag"],
     )
 
 

@@ -72,6 +72,7 @@ __all__ = [
     "insert_outbox",
     "insert_timers",
     "own_items",
+    "own_items_between",
     "seen_before",
     "upsert_calls",
 ]
@@ -355,6 +356,15 @@ def own_items(conn: Connection, thread_id: str, upto_seq: int | None = None) -> 
         found = run(conn, ready.own_items, {"thread_id": thread_id})
     else:
         found = run(conn, ready.own_items_upto, {"thread_id": thread_id, "upto": upto_seq})
+    return [stored_item(r) for r in found.rows]
+
+
+def own_items_between(
+    conn: Connection, thread_id: str, after_seq: int, upto_seq: int
+) -> list[StoredItem]:
+    """The thread's items with ``after_seq < seq <= upto_seq``: one range of the primary key."""
+    params = {"thread_id": thread_id, "after": after_seq, "upto": upto_seq}
+    found = run(conn, prepared(conn).own_items_between, params)
     return [stored_item(r) for r in found.rows]
 
 

@@ -381,6 +381,12 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLTimerQuery, SchemaCheck):
             return rows.own_items(conn, thread_id, upto_seq)
 
     @retry_busy
+    def own_items_between(self, thread_id: str, after_seq: int, upto_seq: int) -> list[StoredItem]:
+        with self._tx(snapshot=True, direct=True) as conn:
+            rows.get_thread(conn, thread_id)
+            return rows.own_items_between(conn, thread_id, after_seq, upto_seq)
+
+    @retry_busy
     def children(self, thread_id: str) -> list[ThreadInfo]:
         with self._tx() as conn:
             rows.get_thread(conn, thread_id)

@@ -134,6 +134,10 @@ class ThreadColumns(SQLModel):
     message_completions: int = Field(default=0, sa_type=Integer)
     code_version: str = Field(default="", sa_type=String)
     """The version of the agent that ran the last slice (migration 0011)."""
+    source_id: str | None = Field(default=None, sa_type=String)
+    """A fork's source thread (migration 0013): the history it inherits up to ``fork_seq``."""
+    tag: str | None = Field(default=None, sa_type=String)
+    """A replay's tag (migration 0013): its usage is summed apart."""
 
 
 class ItemColumns(SQLModel):
@@ -302,6 +306,7 @@ def schema(prefix: str = "") -> Schema:
             Index(None, "created_at", "id"),
             Index(None, "status", "created_at", "id"),  # one status, newest first
             Index(None, "root_id"),
+            Index(None, "source_id"),  # retention keeps a source while a fork reads it
             partial("threads_closed", "updated_at", where="status = 'closed'"),
             # the idle sweep's order, ``id`` included: a LIMIT stops after its rows even
             # among threads idle since the same instant (migration 0009)

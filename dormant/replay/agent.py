@@ -1,0 +1,169 @@
+"""The agent a replay slice runs: the source's agent with the replay's model and
+instructions, its tool calls answered from the record, its inputs fed one per turn.
+
+The slice calls three functions of this module, each a no-op for any thread that is not a
+replay: ``replayed`` (which agent runs), ``serve`` (a call answered from the record,
+``runtime/calls.py``; a ``sleep`` too, with its recorded timer's fire) and ``feed`` (the
+next recorded input, user text or an event, queued with the commit).
+Nothing here sends anything out: a served call gets no outbox row, so no tool task,
+deferred start, webhook, HTTP or MCP request exists for it; only a miss on a tool declared
+``side_effect_free`` with ``on_miss="live"`` takes the ordinary path to its tool.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dormant.agents import Agent
+from dormant.messages import EventMessage, Inbound, ToolCall, UserMessage
+from dormant.replay.record import INPUT_PREFIX, SERVED_BUILTINS, Record, call_key, canonical
+from dormant.replay.tools import MISS_PREFIX, ReplayTools
+from dormant.stores.base import CallRecord, CallState, Priority, Snapshot, StoredItem, ThreadInfo
+from dormant.stores.lineage import full_history
+from dormant.tools.base import Tool
+
+__all__ = ["REPLAY_KEY", "ReplayAgent", "Served", "feed", "replayed", "serve"]
+
+REPLAY_KEY = "replay"
+"""A replay's metadata key: its source, fork point, tag, overrides and ``ReplayTools``."""
+
+
+class _Reader(Protocol):
+    def thread(self, thread_id: str) -> ThreadInfo: ...
+
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]: ...
+
+
+@dataclass(frozen=True)
+class ReplayAgent(Agent):
+    """An agent as a replay runs it (built per slice by ``replayed``)."""
+
+    record: Record = field(default_factory=Record)
+    replay_tools: ReplayTools = field(default_factory=ReplayTools)
+    fork_seq: int = 0
+    first_input_seq: int = 0
+
+
+@dataclass(frozen=True)
+class Served:
+    """A call's answer from the record (or its miss); ``stop`` closes the replay."""
+
+    content: str
+    is_error: bool = False
+    stop: bool = False
+
+
+def replayed(agent: Agent, thread: ThreadInfo, store: _Reader) -> Agent:
+    """``agent`` as ``thread`` runs it: itself, unless the thread is a replay (told by its
+    tag, which only ``start_replay`` writes, not by metadata a launch could carry)."""
+    if thread.source_id is None or not (thread.tag or "").startswith("replay:"):
+        return agent
+    meta: dict[str, Any] = thread.metadata[REPLAY_KEY]
+    tools = ReplayTools.from_stored(meta.get("tools") or {})
+    source = store.thread(meta["source"])
+    fork_seq = int(meta["fork_seq"])
+    record = Record.of(full_history(store, source), fork_seq, tools.match)
+    own = {f.name: getattr(agent, f.name) for f in dataclasses.fields(Agent)}
+    if meta.get("model"):
+        own["model"] = meta["model"]
+    if meta.get("instructions") is not None:
+        own["instructions"] = meta["instructions"]
+    own["threads"] = False  # a child would run the real agent, its tools live
+    return ReplayAgent(
+        **own,
+        record=record,
+        replay_tools=tools,
+        fork_seq=fork_seq,
+        first_input_seq=int(meta["from_seq"]),
+    )
+
+
+def serve(agent: Agent, call: ToolCall, tool: Tool, calls: dict[str, CallRecord]) -> Served | None:
+    """The answer to ``call`` from the record; None to start it as usual (not a replay,
+    a built-in the record does not serve, or a live miss on a tool declared free of side
+    effects)."""
+    if not isinstance(agent, ReplayAgent):
+        return None
+    if tool.builtin and call.name not in SERVED_BUILTINS:
+        return None
+    recorded = agent.record.results.get(call_key(call, agent.replay_tools.match), [])
+    earlier = _occurrence(agent, call.call_id, call_key(call, agent.replay_tools.match), calls)
+    if earlier < len(recorded):
+        result = recorded[earlier]
+        return Served(result.content, result.is_error)
+    if tool.builtin:
+        return None  # a sleep the source never made: a timer of its own, nothing sent out
+    what = f"{call.name}({canonical(call.args)}) #{earlier + 1}"
+    on_miss = agent.replay_tools.on_miss
+    if on_miss == "live":
+        if tool.side_effect_free:
+            return None
+        return Served(
+            f"{MISS_PREFIX}{what}; not run live: {call.name} is not declared side_effect_free",
+            is_error=True,
+        )
+    return Served(f"{MISS_PREFIX}{what}", is_error=True, stop=on_miss == "stop")
+
+
+def _occurrence(
+    agent: ReplayAgent, call_id: str, key: tuple[str, str], calls: dict[str, CallRecord]
+) -> int:
+    """How many of the replay's own calls before ``call_id`` share its key."""
+    match = agent.replay_tools.match
+    return sum(
+        1
+        for c in calls.values()
+        if c.seq > agent.fork_seq
+        and c.call_id != call_id
+        and call_key((c.name, c.args), match) == key
+    )
+
+
+def _stands_for(agent: ReplayAgent, calls: dict[str, CallRecord]) -> dict[str, str]:
+    """The source's call id each of the replay's served calls stands for."""
+    match = agent.replay_tools.match
+    seen: dict[tuple[str, str], int] = {}
+    mapped: dict[str, str] = {}
+    own = sorted((c for c in calls.values() if c.seq > agent.fork_seq), key=lambda c: c.seq)
+    for c in own:
+        key = call_key((c.name, c.args), match)
+        n = seen[key] = seen.get(key, -1) + 1
+        recorded = agent.record.results.get(key, [])
+        if n < len(recorded):
+            mapped[recorded[n].call_id] = c.call_id
+    return mapped
+
+
+def feed(
+    agent: Agent,
+    snap: Snapshot,
+    turn_items: list[StoredItem],
+    calls: dict[str, CallRecord],
+    closing: bool,
+) -> tuple[str, str, Inbound, int] | None:
+    """The replay's next recorded input, as a message for the commit to queue, once the
+    model has answered everything before it (no call pending); None otherwise. An event
+    goes to the replay's call that stands for the source's subscription it came on; one
+    whose subscription the replay never made (or no longer has) is left out."""
+    if not isinstance(agent, ReplayAgent) or closing:
+        return None
+    if any(c.state is CallState.PENDING for c in calls.values()):
+        return None
+    fed = [
+        int(s.message_id[len(INPUT_PREFIX) :])
+        for s in [*snap.items, *turn_items]
+        if s.seq > agent.fork_seq and s.message_id.startswith(INPUT_PREFIX)
+    ]
+    mapped: dict[str, str] | None = None
+    for nxt in agent.record.inputs_after(max(fed, default=agent.first_input_seq - 1)):
+        message_id = f"{INPUT_PREFIX}{nxt.seq}"
+        if nxt.original_call_id is None:
+            return (snap.thread.id, message_id, UserMessage(text=nxt.text), Priority.BACKGROUND)
+        mapped = _stands_for(agent, calls) if mapped is None else mapped
+        ours = calls.get(mapped.get(nxt.original_call_id, ""))
+        if ours is not None and ours.state is CallState.SUBSCRIBED:
+            event = EventMessage(call_id=ours.call_id, content=nxt.text, associative=True)
+            return (snap.thread.id, message_id, event, Priority.BACKGROUND)
+    return None
