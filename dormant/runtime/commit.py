@@ -44,6 +44,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.closing import close_calls
+from dormant.tracing import SliceTrace
 
 __all__ = ["SliceCommit"]
 
@@ -55,6 +56,7 @@ class SliceCommit:
     committed: bool
     applied_ids: list[str]
     events: list[Event]
+    trace: SliceTrace
 
     def _check_deadline(self) -> None:
         raise NotImplementedError
@@ -99,6 +101,7 @@ class SliceCommit:
             spend=turn.meter.spend if turn.meter else None,
             message_completions=turn.meter.message_completions if turn.meter else None,
             code_version=turn.code_version,
+            trace=self.trace.carrier(),
         )
         self._check_deadline()
         deps.crash("before_commit")
@@ -106,6 +109,7 @@ class SliceCommit:
         if rows is None:
             return self._overtaken(), None
         self.committed = True
+        self.trace.committed(turn.next_seq, turn.free_seq - 1, turn.code_version)
         deps.crash("after_commit")
         self._after_commit(snap, applied, turn, status, rows)
         return settled(self.thread_id, status, applied.calls), self.seen

@@ -93,6 +93,7 @@ from dormant.stores.rawitem import ItemsView
 from dormant.tools.builtins import (
     BuiltinContext,
 )
+from dormant.tracing import UNTRACED, SliceTrace, start_slice
 
 __all__ = [
     "Busy",
@@ -136,8 +137,9 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
         outcome, seen = work.run()
     except CrashPoint:
         raise  # a simulated death keeps the lease until it expires, like a real one
-    except ControlSignal:
+    except ControlSignal as signal:
         work.end()
+        work.trace.fail(signal)
         raise
     except BaseException as error:
         if isinstance(error, Exception):
@@ -147,8 +149,10 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
                 exc_info=True,
             )
         work.end()
+        work.trace.fail(error)
         raise
     refused = work.end()
+    work.trace.end(outcome)
     # Rows that arrived during the slice woke a slice that was refused the lease (or one
     # still queued, which will run): only then, after steering, or when the slice set rows
     # aside, is SQL asked again.
@@ -185,6 +189,8 @@ class _Slice(SliceWatch, SliceCommit):
         """Events published when the slice ends, with the lease's release."""
         self.caller = Caller(thread_id, interactive=False, flow="")
         """Who asks for model capacity (``runtime/admission.py``), set once loaded."""
+        self.trace: SliceTrace = UNTRACED
+        """The slice's span (``dormant.tracing``), started once it has input to apply."""
 
     def end(self) -> bool:
         """Publish the buffered events, remember the applied ids, release the lease."""
@@ -211,6 +217,7 @@ class _Slice(SliceWatch, SliceCommit):
         snap = isolate(snap)  # after a failure: one suspect row alone (quarantine.py)
         self.set_aside = len(snap.inbox) < loaded
         self.seen = max(row.id for row in snap.inbox)
+        self.trace = start_slice(deps.settings, snap)
         try:
             return self._apply(snap)
         except ControlSignal:
@@ -264,8 +271,10 @@ class _Slice(SliceWatch, SliceCommit):
             except SteeredAway:
                 return Steered(self.thread_id), self.seen
             except Throttled as throttled:  # nothing consumed; woken when capacity is back
+                self.trace.event("dormant.admission.wait", {"dormant.wait_s": throttled.wait_s})
                 return defer(deps, throttled), self.seen
             except BudgetExceeded as spent:
+                self.trace.event("dormant.budget.stop", {"dormant.reason": str(spent)})
                 if turn.meter is None or not turn.meter.spend.completions:
                     raise  # nothing was paid for: nothing to keep
                 # A compaction was, then the budget refused its reply: keep the summary.
@@ -275,6 +284,7 @@ class _Slice(SliceWatch, SliceCommit):
                 return self._failed(snap.thread.failures, str(spent), stall_after=1), None
         committed = self._commit(snap, applied, turn)
         if turn.meter is not None and turn.meter.stopped and self.committed:
+            self.trace.event("dormant.budget.stop", {"dormant.reason": turn.meter.stopped})
             return self._failed(0, turn.meter.stopped, stall_after=1), committed[1]
         return committed
 

@@ -189,6 +189,9 @@ class InboxRow:
     state: InboxState
     created_at: datetime
     reason: str = ""
+    trace: str = ""
+    """The trace context of whoever sent the message (``dormant.tracing.carrier``), empty
+    when nothing was traced: the slice that applies it continues or links that trace."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +208,8 @@ class OutboxRow:
     """The running task's heartbeat: while it is in the future a live run holds the row."""
     runs: int = 0
     """Runs started (claims taken); all but a live last one died."""
+    trace: str = ""
+    """The trace context of the slice that wrote the row: the tool's span is its child."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,6 +276,8 @@ class NewThread:
     messages: list[tuple[str, Inbound, int]] = field(default_factory=list)
     """(message_id, message, priority) inbox rows queued with the thread, in the same
     transaction (a launch's first message): a thread never exists without them."""
+    trace: str = ""
+    """The trace context stored with ``messages`` (``InboxRow.trace``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,6 +333,9 @@ class Commit:
     code_version: str = ""
     """The version of the agent the slice ran (``ThreadInfo.code_version``); empty keeps
     the thread's (a close, a compaction summary kept alone)."""
+    trace: str = ""
+    """The slice's trace context, stored with its outbox rows and its messages for other
+    threads (``OutboxRow.trace``, ``InboxRow.trace``)."""
 
 
 @dataclass(frozen=True)

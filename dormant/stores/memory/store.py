@@ -114,7 +114,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
             if thread.calls:
                 t.calls = stored.pack_calls({c.call_id: c for c in thread.calls})
             for message_id, message, priority in thread.messages:
-                self._insert_row(t, thread.id, message_id, message, priority)
+                self._insert_row(t, thread.id, message_id, message, priority, thread.trace)
             self._threads[thread.id] = t
             if thread.parent_id is not None:
                 self._children.setdefault(thread.parent_id, []).append(thread.id)
@@ -172,6 +172,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
         *,
         max_open: int | None = None,
         answered_ok: bool = True,
+        trace: str = "",
     ) -> InboxRow:
         with self._lock:
             t = self._get(thread_id)
@@ -194,7 +195,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
                     if t.seen(message_id):
                         raise DuplicateMessage(thread_id, message_id)
                     raise CallAnswered(thread_id, call_id, message_id)
-            return self._insert_row(t, thread_id, message_id, message, priority)
+            return self._insert_row(t, thread_id, message_id, message, priority, trace)
 
     def add_timer(self, thread_id: str, timer: NewTimer) -> None:
         with self._lock:
@@ -249,7 +250,9 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
             now = stored.now()
             created = []
             for call_id, action in commit.outbox:
-                row = OutboxRow(next(self._ids), commit.thread_id, call_id, action, now)
+                row = OutboxRow(
+                    next(self._ids), commit.thread_id, call_id, action, now, trace=commit.trace
+                )
                 self._outbox[row.id] = row
                 created.append(row)
             for timer in commit.timers:
@@ -262,7 +265,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
             for thread_id, message_id, message, priority in commit.enqueue:
                 target = self._threads.get(thread_id)
                 if target is not None and not target.seen(message_id):
-                    self._insert_row(target, thread_id, message_id, message, priority)
+                    self._insert_row(target, thread_id, message_id, message, priority, commit.trace)
             changes: dict[str, Any] = dict(
                 status=commit.status,
                 inbox_seen=max(info.inbox_seen, commit.inbox_seen),
@@ -388,6 +391,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
         message_id: str,
         message: Inbound,
         priority: int,
+        trace: str = "",
     ) -> InboxRow:
         if t.seen(message_id):
             raise DuplicateMessage(thread_id, message_id)
@@ -399,6 +403,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
             priority,
             InboxState.PENDING,
             stored.now(),
+            trace=trace,
         )
         t.ids.add(message_id)
         self._open.setdefault(thread_id, {})[row.id] = row
