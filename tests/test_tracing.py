@@ -1,0 +1,227 @@
+"""Traces of slices and tool runs (dormant.tracing) with the SDK's in-memory exporter."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from dormant import Agent, tool
+from dormant.messages import Item, ToolResult, UserMessage
+from dormant.models import ScriptedModel, call, reply
+from dormant.models.base import Completion
+from dormant.runtime.slice import Idle, Stale
+from dormant.settings import Settings
+from dormant.tracing.carrier import encode, parse
+from tests.harness import Harness
+from tests.tracing_support import by_name, memory_exporter, only
+
+
+@tool
+def lookup(key: str) -> str:
+    """Look a key up."""
+    return f"{key}=42"
+
+
+def two_lookups(items: Sequence[Item]) -> Completion:
+    """A turn of three slices: two tool round trips, then the answer."""
+    results = [i for i in items if isinstance(i, ToolResult)]
+    if len(results) < 2:
+        return reply(f"looking {len(results)}", call("lookup", key=f"k{len(results)}"))
+    return reply("the answer is 42")
+
+
+def agent(script: object = two_lookups) -> Agent:
+    return Agent("tracer", model=ScriptedModel(script), tools=[lookup])  # type: ignore[arg-type]
+
+
+@pytest.fixture
+def spans() -> InMemorySpanExporter:
+    return memory_exporter()
+
+
+def harness(**settings: object) -> Harness:
+    return Harness(agent(), settings=Settings(model_backoff_s=0.0, **settings))  # type: ignore[arg-type]
+
+
+def parent_of(span: ReadableSpan) -> int | None:
+    return None if span.parent is None else span.parent.span_id
+
+
+def span_id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.span_id
+
+
+def trace_id(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return span.context.trace_id
+
+
+def test_a_turn_of_three_slices_is_one_trace_with_every_span_parented(
+    spans: InMemorySpanExporter,
+) -> None:
+    h = harness()
+    thread_id = h.launch("tracer", "what is k?")
+    assert isinstance(h.settle(thread_id), Idle)
+    finished = spans.get_finished_spans()
+    slices = by_name(finished, "invoke_agent tracer")
+    chats = by_name(finished, "chat scripted")
+    tools = by_name(finished, "execute_tool lookup")
+    assert (len(slices), len(chats), len(tools)) == (3, 3, 2)
+    assert {trace_id(s) for s in finished} == {trace_id(slices[0])}
+    # invoke_agent -> execute_tool -> invoke_agent -> execute_tool -> invoke_agent
+    assert parent_of(slices[0]) is None
+    assert parent_of(tools[0]) == span_id(slices[0])
+    assert parent_of(slices[1]) == span_id(tools[0])
+    assert parent_of(tools[1]) == span_id(slices[1])
+    assert parent_of(slices[2]) == span_id(tools[1])
+    assert [parent_of(c) for c in chats] == [span_id(s) for s in slices]
+    assert {s.attributes["gen_ai.conversation.id"] for s in finished} == {thread_id}  # type: ignore[index]
+    first = slices[0].attributes or {}
+    assert first["gen_ai.operation.name"] == "invoke_agent"
+    assert first["dormant.thread.id"] == thread_id
+    assert first["dormant.wake.reason"] == "user"
+    assert (first["dormant.slice.seq_first"], first["dormant.slice.seq_last"]) == (1, 2)
+    assert first["dormant.slice.attempt"] == 1
+    assert first["dormant.code_version"]
+    assert (slices[1].attributes or {})["dormant.wake.reason"] == "result"
+    chat = chats[0].attributes or {}
+    assert chat["gen_ai.usage.input_tokens"] == 10
+    assert chat["gen_ai.response.finish_reasons"] == ("tool_calls",)
+    assert (chats[2].attributes or {})["gen_ai.response.finish_reasons"] == ("stop",)
+    assert (tools[0].attributes or {})["gen_ai.tool.name"] == "lookup"
+
+
+def test_a_launch_inside_a_request_span_makes_the_first_slice_its_child(
+    spans: InMemorySpanExporter,
+) -> None:
+    h = harness()
+    with trace.get_tracer("a web app").start_as_current_span("POST /chat") as request:
+        thread_id = h.launch("tracer", "hello")
+    h.settle(thread_id)
+    first = by_name(spans.get_finished_spans(), "invoke_agent")[0]
+    assert parent_of(first) == request.get_span_context().span_id
+    assert trace_id(first) == request.get_span_context().trace_id
+
+
+def test_a_message_after_the_gap_starts_a_new_trace_linked_to_the_old_one(
+    spans: InMemorySpanExporter,
+) -> None:
+    h = harness(trace_new_after_s=3600.0)
+    thread_id = h.launch("tracer", "hello")
+    h.settle(thread_id)
+    old = by_name(spans.get_finished_spans(), "invoke_agent")[-1]
+    spans.clear()
+    two_days_ago_ms = int((time.time() - 2 * 86400) * 1000)
+    carried = encode(trace_id(old), span_id(old), 1, two_days_ago_ms)
+    h.store.enqueue(thread_id, "approval", UserMessage(text="approved"), 8, trace=carried)
+    h.settle(thread_id)
+    new = by_name(spans.get_finished_spans(), "invoke_agent")[0]
+    assert new.parent is None
+    assert trace_id(new) != trace_id(old)
+    assert [(link.context.span_id, dict(link.attributes or {})) for link in new.links] == [
+        (span_id(old), {"dormant.link.reason": "after_gap", "dormant.message.id": "approval"})
+    ]
+
+
+def test_message_content_is_traced_only_when_the_setting_asks(
+    spans: InMemorySpanExporter,
+) -> None:
+    h = harness()
+    h.settle(h.launch("tracer", "a secret question"))
+    for span in spans.get_finished_spans():
+        text = json.dumps(dict(span.attributes or {}))
+        assert "secret" not in text and "gen_ai.input.messages" not in text
+    spans.clear()
+    h = harness(trace_content=True)
+    h.settle(h.launch("tracer", "a secret question"))
+    chat = by_name(spans.get_finished_spans(), "chat")[0].attributes or {}
+    assert "a secret question" in str(chat["gen_ai.input.messages"])
+    assert json.loads(str(chat["gen_ai.output.messages"]))[0]["role"] == "assistant"
+
+
+def test_a_slice_that_lost_its_version_guard_is_marked_and_the_rerun_has_one_chat(
+    spans: InMemorySpanExporter,
+) -> None:
+    h: Harness
+    moved: list[bool] = []
+
+    def racing(items: Sequence[Item]) -> Completion:
+        if not moved:  # another writer moves the thread's version under the first slice
+            moved.append(True)
+            h.store.set_metadata(thread_id, {"moved": True})
+        return reply("hi")
+
+    h = Harness(agent(racing), settings=Settings(model_backoff_s=0.0))
+    thread_id = h.launch("tracer", "hello")
+    assert isinstance(h.step(thread_id), Stale)
+    assert isinstance(h.step(thread_id), Idle)
+    lost, committed = by_name(spans.get_finished_spans(), "invoke_agent")
+    assert (lost.attributes or {})["dormant.slice.lost_version_guard"] is True
+    assert (lost.attributes or {})["dormant.slice.outcome"] == "Stale"
+    assert "dormant.slice.lost_version_guard" not in (committed.attributes or {})
+    chats = by_name(spans.get_finished_spans(), "chat")
+    assert [parent_of(c) for c in chats] == [span_id(lost), span_id(committed)]
+
+
+def test_tracing_off_in_the_settings_emits_nothing_even_with_an_sdk(
+    spans: InMemorySpanExporter,
+) -> None:
+    h = harness(tracing=False)
+    h.settle(h.launch("tracer", "hello"))
+    assert spans.get_finished_spans() == ()
+    assert all(row.trace == "" for row in h.store.inbox(h.store.threads()[0].id))
+
+
+def test_the_context_is_stored_with_inbox_and_outbox_rows(spans: InMemorySpanExporter) -> None:
+    h = harness()
+    with trace.get_tracer("a web app").start_as_current_span("request") as request:
+        thread_id = h.launch("tracer", "hello")
+    (row,) = h.store.inbox(thread_id)
+    carried = parse(row.trace)
+    assert carried is not None and carried.span_id == request.get_span_context().span_id
+    h.step(thread_id)
+    (outbox,) = h.outbox
+    slice_span = only(spans.get_finished_spans(), "invoke_agent")
+    assert parse(outbox.trace) is not None
+    assert parse(outbox.trace).span_id == span_id(slice_span)  # type: ignore[union-attr]
+
+
+def test_import_dormant_and_a_slice_import_no_opentelemetry() -> None:
+    code = """
+import sys
+from dormant import Agent
+from dormant.models import ScriptedModel, reply
+from tests.harness import Harness
+h = Harness(Agent("a", model=ScriptedModel(lambda items: reply("hi"))))
+h.settle(h.launch("a", "hello"))
+assert h.store.history(h.store.threads()[0].id)[-1].item.text == "hi"
+print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
+"""
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert done.stdout.strip() == "[]", done.stdout
+
+
+def test_a_carried_context_survives_its_round_trip() -> None:
+    text = encode(0xABC, 0xDEF, 1, 1234)
+    assert parse(text) is not None
+    assert (parse(text).trace_id, parse(text).span_id, parse(text).at_ms) == (0xABC, 0xDEF, 1234)  # type: ignore[union-attr]
+    assert parse("") is None and parse("garbage") is None and parse("01-x-y-z 1") is None
+
+
+def test_user_text_is_stored_untraced_when_no_span_is_current(
+    spans: InMemorySpanExporter,
+) -> None:
+    h = harness()
+    thread_id = h.launch("tracer", "hello")
+    assert [row.trace for row in h.store.inbox(thread_id)] == [""]
