@@ -1,0 +1,79 @@
+"""A traced turn on real Celery workers: one trace across slices, tool tasks, processes and
+a worker restart, each span exported once (``dormant.tracing``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from celery_agents import shared_key
+
+from dormant.client import Client
+from tests.celery.conftest import Deployment, wait_until
+
+SLICES = "dormant.interactive,dormant.background"
+TOOLS = "dormant.tools"
+
+
+def _spans(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def _named(spans: list[dict[str, Any]], prefix: str) -> list[dict[str, Any]]:
+    return [s for s in spans if s["name"].startswith(prefix)]
+
+
+def _idle(client: Client, thread_id: str) -> bool:
+    return client.thread(thread_id).status == "idle"
+
+
+def test_a_turn_across_two_workers_and_a_restart_is_one_trace_each_span_once(
+    deploy: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    trace_file = tmp_path / "spans.jsonl"
+    d = deploy(DORMANT_AGENTS="tracing_agents", TEST_TRACE_FILE=str(trace_file))
+    slices = d.start_worker("slices", queues=SLICES)
+    tools = d.start_worker("tools", queues=TOOLS)
+    d.wait_ready(slices, tools)
+    client = d.client()
+    thread_id = client.launch("traced", "what is k?")
+
+    # The first slice ran on "slices" and its tool waits at the gate on "tools": restart
+    # the slice worker now, so the next slices run in another process.
+    wait_until(
+        lambda: _named(_spans(trace_file), "invoke_agent"),
+        30,
+        "the first slice's span",
+        check=d.check_alive,
+    )
+    d.expected_deaths.add("slices")
+    slices.kill()
+    again = d.start_worker("slices-again", queues=SLICES)
+    d.wait_ready(again)
+    d.redis.rpush(shared_key(d.prefix, "gate"), "open")
+    wait_until(lambda: _idle(client, thread_id), 45, "the turn to end", check=d.check_alive)
+    wait_until(lambda: len(_named(_spans(trace_file), "invoke_agent")) >= 3, 10, "the last span")
+
+    spans = _spans(trace_file)
+    names = sorted(s["name"] for s in spans)
+    assert names == sorted(
+        ["invoke_agent traced"] * 3 + ["chat scripted"] * 3 + ["execute_tool gated_lookup"] * 2
+    ), names  # each exactly once: nothing re-emitted by a restart or a redelivery
+    assert len({s["trace_id"] for s in spans}) == 1, "one trace for the whole turn"
+    ids = {s["span_id"] for s in spans}
+    roots = [s for s in spans if s["parent_id"] is None]
+    assert [r["name"] for r in roots] == ["invoke_agent traced"]
+    assert all(s["parent_id"] in ids for s in spans if s is not roots[0]), "every span parented"
+    assert {s["attributes"]["gen_ai.conversation.id"] for s in spans} == {thread_id}
+    by_id = {s["span_id"]: s for s in spans}
+    later = [s for s in _named(spans, "invoke_agent") if s is not roots[0]]
+    assert all(by_id[s["parent_id"]]["name"] == "execute_tool gated_lookup" for s in later)
+    tool_spans = _named(spans, "execute_tool")
+    assert all(by_id[t["parent_id"]]["name"] == "invoke_agent traced" for t in tool_spans)
+    slice_pids = {s["pid"] for s in _named(spans, "invoke_agent")}
+    tool_pids = {t["pid"] for t in tool_spans}
+    assert len(slice_pids) == 2 and not slice_pids & tool_pids, "three processes took part"

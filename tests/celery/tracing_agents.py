@@ -1,0 +1,74 @@
+"""An agent traced on real workers (``DORMANT_AGENTS=tracing_agents``).
+
+Importing this module configures the worker process's OpenTelemetry SDK, as an
+application's own Celery setup would, with an exporter that appends each ended span as a
+JSON line to ``TEST_TRACE_FILE``: the test reads every worker's spans from it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+
+from celery_agents import _key, worker_redis  # also: the worker_ready mark the tests wait on
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+
+from dormant import Agent, tool
+from dormant.messages import Item, ToolResult
+from dormant.models import ScriptedModel, call, reply
+from dormant.models.base import Completion
+
+__all__ = ["AGENTS"]
+
+
+class JsonLinesExporter(SpanExporter):
+    """Each span as one line (one ``write`` in append mode: processes never interleave)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def export(self, spans: Sequence[ReadableSpan]) -> SpanExportResult:
+        for span in spans:
+            context, parent = span.context, span.parent
+            assert context is not None
+            line = {
+                "name": span.name,
+                "trace_id": f"{context.trace_id:032x}",
+                "span_id": f"{context.span_id:016x}",
+                "parent_id": None if parent is None else f"{parent.span_id:016x}",
+                "attributes": dict(span.attributes or {}),
+                "links": [f"{link.context.span_id:016x}" for link in span.links],
+                "pid": os.getpid(),
+            }
+            with open(self.path, "a", encoding="utf-8") as out:
+                out.write(json.dumps(line, default=str) + "\n")
+        return SpanExportResult.SUCCESS
+
+    def shutdown(self) -> None:
+        pass
+
+
+_provider = TracerProvider()
+_provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(os.environ["TEST_TRACE_FILE"])))
+trace.set_tracer_provider(_provider)
+
+
+@tool
+def gated_lookup(key: str) -> str:
+    """A lookup that waits until the test opens its gate (the worker restart between)."""
+    if key == "k0":
+        assert worker_redis().blpop([_key("gate")], timeout=60) is not None
+    return f"{key}=42"
+
+
+def two_lookups(items: Sequence[Item]) -> Completion:
+    results = [i for i in items if isinstance(i, ToolResult)]
+    if len(results) < 2:
+        return reply(f"looking {len(results)}", call("gated_lookup", key=f"k{len(results)}"))
+    return reply("the answer is 42")
+
+
+AGENTS = [Agent("traced", model=ScriptedModel(two_lookups), tools=[gated_lookup])]
