@@ -69,6 +69,7 @@ bench: bench-env
 	$(BIN)/python bench/mcp_calls.py
 	$(BIN)/python bench/burst.py --agents 100 --rpm 300 --user-after-s 5
 	$(BIN)/python bench/stream.py
+	$(BIN)/python bench/tracing_overhead.py --slices 1000 --rounds 3
 	$(BENCH_PLOT)/bin/python bench/plots.py
 	$(BIN)/python bench/summary.py $(BENCH_BEFORE_ARG)
 

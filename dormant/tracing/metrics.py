@@ -16,6 +16,8 @@ _instruments: dict[int, tuple[Any, Any]] = {}
 
 
 def _histograms() -> tuple[Any, Any] | None:
+    if "opentelemetry.sdk.metrics" not in sys.modules:
+        return None  # no SDK meter provider can have been set: the usual case, and cheap
     metrics = sys.modules.get("opentelemetry.metrics")
     if metrics is None:
         return None

@@ -32,8 +32,16 @@ that sent it) and a tool's result (the turn goes on). A child's seed, a report, 
 or a parent's note start their own trace, linked."""
 
 
+_tracers: dict[int, tuple[Any, trace.Tracer]] = {}
+"""dormant's tracer per provider (by id, the provider kept so the id stays its own): an
+SDK's ``get_tracer`` builds a new one each call, a quarter of two spans' cost."""
+
+
 def _tracer(provider: Any) -> trace.Tracer:
-    return provider.get_tracer(_SCOPE)  # type: ignore[no-any-return]
+    found = _tracers.get(id(provider))
+    if found is None or found[0] is not provider:
+        found = _tracers[id(provider)] = (provider, provider.get_tracer(_SCOPE))
+    return found[1]
 
 
 def _remote(text: str) -> tuple[SpanContext, int] | None:
