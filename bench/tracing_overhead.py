@@ -17,6 +17,11 @@ figure is the median), so their ratios come from the same run on the same machin
 A slice is one user message applied and one scripted completion committed, on the memory
 store or a SQLite file (two transactions a slice, as in production). CPU is the process's
 ``time.process_time`` (the batch processor's thread included) over ``--slices`` slices.
+
+These slices are far cheaper than a deployed one (no broker, no Redis, no model's HTTP), so
+the SDK's added microseconds are also set against a Celery slice's CPU as
+``bench/celery_throughput.py`` last measured it (``bench/results/celery.json``), when that
+file exists.
 """
 
 from __future__ import annotations
@@ -106,6 +111,15 @@ def run_mode(mode: str, store: str, slices: int) -> dict[str, Any]:
     return json.loads(done.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
+def _celery_slice_us() -> float | None:
+    """A Celery worker's CPU per slice at concurrency 1, from the last Celery bench."""
+    path = HERE / "results" / "celery.json"
+    try:
+        return float(json.loads(path.read_text())["throughput"]["1"]["slice_cpu_us"])
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--slices", type=int, default=2000)
@@ -135,6 +149,15 @@ def main() -> None:
             print(
                 f"  {mode:9} {medians[mode]:8.1f} us  x{medians[mode] / base:.3f}"
                 f"  opentelemetry imported: {imported[mode]}"
+            )
+    celery_us = _celery_slice_us()
+    if celery_us is not None:
+        for store, found in results.items():
+            added = found["us_per_slice"]["sdk"] - found["us_per_slice"]["baseline"]
+            found["sdk_added_share_of_celery_slice"] = added / celery_us
+            print(
+                f"{store}: the SDK adds {added:.0f} us a slice, {added / celery_us:.1%} of a "
+                f"Celery slice's {celery_us:.0f} us of CPU (bench/results/celery.json)"
             )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=2) + "\n")
