@@ -296,7 +296,9 @@ def _traced(ready: _Ready, settings: Settings | None, run: int) -> ToolOutcome:
     span = (
         UNTRACED
         if settings is None
-        else start_tool(settings, ready.row, ready.call.name, ready.conversation_id, run)
+        else start_tool(
+            settings, ready.row, ready.call.name, ready.conversation_id, run, ready.call.args
+        )
     )
     with span:
         outcome = _invoke(ready)

@@ -1,13 +1,15 @@
 """The spans, with OpenTelemetry: imported only once ``switch.py`` found an SDK.
 
-Names and attributes follow the GenAI semantic conventions as of semconv 1.38
-(``gen_ai_latest_experimental``): ``invoke_agent {agent}`` per slice, ``chat {model}``
-per model call, ``execute_tool {tool}`` per tool run, ``gen_ai.conversation.id`` the root
-thread's id on each. dormant's own attributes are under ``dormant.``.
+Names and attributes follow the GenAI semantic conventions of semconv 1.44 (the
+``gen_ai_latest_experimental`` names, ``opentelemetry-semantic-conventions`` 0.66b2):
+``invoke_agent {agent}`` per slice, ``chat {model}`` per model call, ``execute_tool
+{tool}`` per tool run, ``gen_ai.conversation.id`` the root thread's id on each. dormant's
+own attributes are under ``dormant.``.
 """
 
 from __future__ import annotations
 
+import json
 import time
 from types import TracebackType
 from typing import Any
@@ -123,6 +125,7 @@ class SliceSpan:
                 "dormant.slice.seq_first": first_seq,
                 "dormant.slice.seq_last": last_seq,
                 "dormant.code_version": code_version,
+                "gen_ai.agent.version": code_version,
             }
         )
 
@@ -224,6 +227,7 @@ class ToolSpan:
         tool: str,
         conversation_id: str,
         run: int,
+        arguments: dict[str, Any],
     ) -> None:
         found = _remote(row.trace)
         self.span = _tracer(provider).start_span(
@@ -242,6 +246,10 @@ class ToolSpan:
                 "dormant.tool.action": row.action,
             },
         )
+        if settings.trace_content:
+            self.span.set_attribute(
+                "gen_ai.tool.call.arguments", json.dumps(arguments, default=str)
+            )
         self._use = trace.use_span(self.span, end_on_exit=False)
 
     def __enter__(self) -> ToolSpan:

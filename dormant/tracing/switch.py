@@ -158,7 +158,12 @@ def start_slice(settings: Settings, snap: Snapshot) -> SliceTrace:
 
 
 def start_tool(
-    settings: Settings, row: OutboxRow, tool: str, conversation_id: str, run: int
+    settings: Settings,
+    row: OutboxRow,
+    tool: str,
+    conversation_id: str,
+    run: int,
+    arguments: dict[str, Any],
 ) -> ToolTrace:
     """The ``execute_tool`` span of one run of ``row``, a child of the slice that wrote
     it; current while the tool runs, so its result carries it to the next slice."""
@@ -167,4 +172,4 @@ def start_tool(
         return UNTRACED
     from dormant.tracing.spans import ToolSpan
 
-    return ToolSpan(found, settings, row, tool, conversation_id, run)
+    return ToolSpan(found, settings, row, tool, conversation_id, run, arguments)
