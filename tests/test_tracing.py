@@ -14,7 +14,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dormant import Agent, tool
-from dormant.messages import Item, ToolResult, UserMessage
+from dormant.messages import Item, ToolResult, UserMessage, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.runtime.slice import Idle, Stale
@@ -225,3 +225,30 @@ def test_user_text_is_stored_untraced_when_no_span_is_current(
     h = harness()
     thread_id = h.launch("tracer", "hello")
     assert [row.trace for row in h.store.inbox(thread_id)] == [""]
+
+
+def test_a_child_thread_and_its_report_link_to_the_slices_that_sent_them(
+    spans: InMemorySpanExporter,
+) -> None:
+    def script(items: Sequence[Item]) -> Completion:
+        last = items[-1]
+        if isinstance(last, UserText):
+            return reply("", call("spawn_thread", instructions="look into it"))
+        if isinstance(last, ToolResult) and last.content.startswith("You are now inside"):
+            return reply("", call("close_thread", report="found it"))
+        return reply("noted")
+
+    family = Agent("family", model=ScriptedModel(script), threads=True)
+    h = Harness(family, settings=Settings(model_backoff_s=0.0))
+    root = h.launch("family", "go")
+    h.drain()
+    (child,) = h.store.children(root)
+    slices = by_name(spans.get_finished_spans(), "invoke_agent family")
+    of_child = [s for s in slices if (s.attributes or {})["dormant.thread.id"] == child.id]
+    of_root = [s for s in slices if (s.attributes or {})["dormant.thread.id"] == root]
+    spawner, reader = of_root[0], of_root[-1]
+    assert of_child[0].parent is None, "a child's first slice starts a trace of its own"
+    assert [link.context.span_id for link in of_child[0].links] == [span_id(spawner)]
+    assert dict(of_child[0].links[0].attributes or {})["dormant.link.reason"] == "child"
+    assert [link.context.span_id for link in reader.links] == [span_id(of_child[-1])]
+    assert {(s.attributes or {})["gen_ai.conversation.id"] for s in slices} == {root}

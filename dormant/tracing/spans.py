@@ -18,6 +18,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
 from dormant.models.base import Completion, Model, ModelRequest
+from dormant.runtime.children import SEED_PREFIX
 from dormant.settings import Settings
 from dormant.stores.base import InboxRow, OutboxRow, Snapshot
 from dormant.tracing.carrier import encode, parse
@@ -30,8 +31,8 @@ _SCOPE = "dormant"
 
 _CONTINUES = frozenset({"user", "result"})
 """Inbox kinds whose sender's context a slice continues: user text (a child of the request
-that sent it) and a tool's result (the turn goes on). A child's seed, a report, an event
-or a parent's note start their own trace, linked."""
+that sent it) and a tool's result (the turn goes on). A child's seed (a result of its own
+kind, told by its id), a report, an event or a parent's note link to their sender."""
 
 
 _tracers: dict[int, tuple[Any, trace.Tracer]] = {}
@@ -68,7 +69,7 @@ def _origin(
         if found is None:
             continue
         context, at_ms = found
-        kind = row.message.kind
+        kind: str = "child" if row.message_id.startswith(SEED_PREFIX) else row.message.kind
         fresh = now_ms - at_ms <= new_after_s * 1000
         if parent is None and fresh and kind in _CONTINUES:
             parent = context
