@@ -2,7 +2,9 @@
 
 Importing this module configures the worker process's OpenTelemetry SDK, as an
 application's own Celery setup would, with an exporter that appends each ended span as a
-JSON line to ``TEST_TRACE_FILE``: the test reads every worker's spans from it.
+JSON line to ``TEST_TRACE_FILE``: the test reads every worker's spans from it. With
+``TEST_INSTRUMENT_CELERY=1`` it also turns on ``opentelemetry-instrumentation-celery``, as
+an application that already traces its Celery tasks has it.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class JsonLinesExporter(SpanExporter):
 _provider = TracerProvider()
 _provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(os.environ["TEST_TRACE_FILE"])))
 trace.set_tracer_provider(_provider)
+if os.environ.get("TEST_INSTRUMENT_CELERY") == "1":
+    from opentelemetry.instrumentation.celery import CeleryInstrumentor
+
+    CeleryInstrumentor().instrument(tracer_provider=_provider)
 
 
 @tool
