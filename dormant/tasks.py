@@ -301,8 +301,10 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
     )
     def slice_task(self: Task, thread_id: str) -> str:
         rt = runtime()
+        # The Redis transport marks a task it restored from a dead worker (as RabbitMQ does).
+        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         try:
-            outcome = run_slice(thread_id, rt.deps)
+            outcome = run_slice(thread_id, rt.deps, redelivered=redelivered)
         except CrashPoint as crash:
             _die(crash.name)
         except LeaseLost as lost:

@@ -120,8 +120,11 @@ __all__ = [
 log = logging.getLogger("dormant.slice")
 
 
-def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
+def run_slice(thread_id: str, deps: SliceDeps, *, redelivered: bool = False) -> SliceOutcome:
     """Run one slice of ``thread_id``; see the module docstring for the steps.
+
+    ``redelivered``: the broker handed this slice's task on from a worker that died with
+    it (its trace marks the slice, which explains a second model call in the turn).
 
     Any exception from the agent's code, its model or a bug (not a control signal) is a
     failed slice: nothing is committed, the error is recorded with a backoff and the thread
@@ -131,7 +134,7 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
     token = deps.lease.acquire(thread_id, deps.settings.lease_ttl_s)
     if token is None:
         return Busy(thread_id)  # the holder drains the inbox: its release sees the refusal
-    work = _Slice(thread_id, token, deps)
+    work = _Slice(thread_id, token, deps, redelivered)
     try:
         deps.crash("holding_lease")
         outcome, seen = work.run()
@@ -165,8 +168,9 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
 
 
 class _Slice(SliceWatch, SliceCommit):
-    def __init__(self, thread_id: str, token: str, deps: SliceDeps) -> None:
+    def __init__(self, thread_id: str, token: str, deps: SliceDeps, redelivered: bool) -> None:
         self.thread_id = thread_id
+        self.redelivered = redelivered
         self.token = token
         self.deps = deps
         self.renewed_at = time.monotonic()
@@ -217,7 +221,7 @@ class _Slice(SliceWatch, SliceCommit):
         snap = isolate(snap)  # after a failure: one suspect row alone (quarantine.py)
         self.set_aside = len(snap.inbox) < loaded
         self.seen = max(row.id for row in snap.inbox)
-        self.trace = start_slice(deps.settings, snap)
+        self.trace = start_slice(deps.settings, snap, self.redelivered)
         try:
             return self._apply(snap)
         except ControlSignal:

@@ -88,7 +88,9 @@ def _context(parent: SpanContext | None) -> Any:
 class SliceSpan:
     """A slice's ``invoke_agent`` span (``switch.SliceTrace``)."""
 
-    def __init__(self, provider: Any, settings: Settings, snap: Snapshot) -> None:
+    def __init__(
+        self, provider: Any, settings: Settings, snap: Snapshot, redelivered: bool
+    ) -> None:
         self._tracer = _tracer(provider)
         self._settings = settings
         thread = snap.thread
@@ -110,6 +112,7 @@ class SliceSpan:
                 "dormant.slice.attempt": thread.failures + 1,
                 "dormant.slice.inbox_rows": len(snap.inbox),
                 "dormant.code_version.previous": thread.code_version,
+                "dormant.slice.redelivered": redelivered,
             },
         )
 

@@ -147,14 +147,15 @@ def provider(settings: Settings) -> Any | None:
     return found
 
 
-def start_slice(settings: Settings, snap: Snapshot) -> SliceTrace:
-    """The ``invoke_agent`` span of a slice that loaded ``snap`` (``UNTRACED`` when off)."""
+def start_slice(settings: Settings, snap: Snapshot, redelivered: bool = False) -> SliceTrace:
+    """The ``invoke_agent`` span of a slice that loaded ``snap`` (``UNTRACED`` when off);
+    ``redelivered``: its task came back from a worker that died with it."""
     found = provider(settings)
     if found is None:
         return UNTRACED
     from dormant.tracing.spans import SliceSpan
 
-    return SliceSpan(found, settings, snap)
+    return SliceSpan(found, settings, snap, redelivered)
 
 
 def start_tool(

@@ -95,6 +95,36 @@ def test_a_turn_across_two_workers_and_a_restart_is_one_trace_each_span_once(
         assert {"run/dormant.tool", "apply_async/dormant.tool"} <= {s["name"] for s in spans}
 
 
+def test_a_slice_redelivered_from_a_dead_worker_is_marked_with_one_chat_on_its_committed_path(
+    deploy: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    trace_file = tmp_path / "spans.jsonl"
+    d = deploy(
+        DORMANT_AGENTS="tracing_agents",
+        TEST_TRACE_FILE=str(trace_file),
+        DORMANT_LEASE_TTL_S="2",
+        DORMANT_VISIBILITY_TIMEOUT_S="4",  # Redis hands the dead worker's task on after it
+    )
+    doomed = d.start_worker("doomed", env={"DORMANT_CRASH_POINTS": "after_model"})
+    d.expected_deaths.add("doomed")
+    client = d.client()
+    thread_id = client.launch("replier", "hi")
+    wait_until(lambda: not doomed.alive(), 30, "the worker to die after its model call")
+    survivor = d.start_worker("survivor")  # no beat: only the broker's redelivery runs it
+    d.wait_ready(survivor)
+    wait_until(lambda: _idle(client, thread_id), 45, "the redelivered slice", check=d.check_alive)
+    wait_until(lambda: _named(_spans(trace_file), "invoke_agent"), 10, "its span")
+
+    spans = _spans(trace_file)
+    (committed,) = _named(spans, "invoke_agent")  # the dead slice's never ended
+    assert committed["attributes"]["dormant.slice.redelivered"] is True
+    assert committed["attributes"]["dormant.slice.outcome"] == "Idle"
+    chats = _named(spans, "chat")
+    under = [c for c in chats if c["parent_id"] == committed["span_id"]]
+    assert len(under) == 1, "one chat on the committed path"
+    assert len(chats) == 2, "the dead slice's model call is there too, under its lost slice"
+
+
 def _first_slice_done(spans: list[dict[str, Any]], instrumented: bool) -> bool:
     """The first slice's span is exported, and the Celery task span around it if any
     (the slice worker is killed next: what it has not exported is lost)."""

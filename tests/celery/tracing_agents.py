@@ -77,4 +77,7 @@ def two_lookups(items: Sequence[Item]) -> Completion:
     return reply("the answer is 42")
 
 
-AGENTS = [Agent("traced", model=ScriptedModel(two_lookups), tools=[gated_lookup])]
+AGENTS = [
+    Agent("traced", model=ScriptedModel(two_lookups), tools=[gated_lookup]),
+    Agent("replier", model=ScriptedModel(lambda items: reply("hello"))),
+]
