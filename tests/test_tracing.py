@@ -252,3 +252,29 @@ def test_a_child_thread_and_its_report_link_to_the_slices_that_sent_them(
     assert dict(of_child[0].links[0].attributes or {})["dormant.link.reason"] == "child"
     assert [link.context.span_id for link in reader.links] == [span_id(of_child[-1])]
     assert {(s.attributes or {})["gen_ai.conversation.id"] for s in slices} == {root}
+
+
+def test_a_launch_in_an_instrumented_flask_view_makes_the_first_slice_the_requests_child(
+    spans: InMemorySpanExporter,
+) -> None:
+    from flask import Flask
+    from opentelemetry.instrumentation.flask import FlaskInstrumentor
+
+    h = harness()
+    app = Flask(__name__)
+
+    @app.post("/chat")
+    def chat() -> dict[str, str]:
+        return {"thread": h.launch("tracer", "hello")}
+
+    FlaskInstrumentor().instrument_app(app)
+    try:
+        thread_id = app.test_client().post("/chat").get_json()["thread"]
+    finally:
+        FlaskInstrumentor().uninstrument_app(app)
+    h.settle(thread_id)
+    finished = spans.get_finished_spans()
+    request = only(finished, "POST /chat")
+    first = by_name(finished, "invoke_agent")[0]
+    assert parent_of(first) == span_id(request)
+    assert {trace_id(s) for s in finished} == {trace_id(request)}, "one trace from the request"

@@ -1,7 +1,7 @@
 """The spans, with OpenTelemetry: imported only once ``switch.py`` found an SDK.
 
 Names and attributes follow the GenAI semantic conventions of semconv 1.44 (the
-``gen_ai_latest_experimental`` names, ``opentelemetry-semantic-conventions`` 0.66b2):
+``gen_ai_latest_experimental`` names, ``opentelemetry-semantic-conventions`` 0.66):
 ``invoke_agent {agent}`` per slice, ``chat {model}`` per model call, ``execute_tool
 {tool}`` per tool run, ``gen_ai.conversation.id`` the root thread's id on each. dormant's
 own attributes are under ``dormant.``.
