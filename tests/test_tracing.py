@@ -21,7 +21,7 @@ from dormant.runtime.slice import Idle, Stale
 from dormant.settings import Settings
 from dormant.tracing.carrier import encode, parse
 from tests.harness import Harness
-from tests.tracing_support import by_name, memory_exporter, only
+from tests.tracing_support import by_name, histogram_points, memory_exporter, memory_metrics, only
 
 
 @tool
@@ -278,3 +278,20 @@ def test_a_launch_in_an_instrumented_flask_view_makes_the_first_slice_the_reques
     first = by_name(finished, "invoke_agent")[0]
     assert parent_of(first) == span_id(request)
     assert {trace_id(s) for s in finished} == {trace_id(request)}, "one trace from the request"
+
+
+def test_model_calls_are_measured_with_the_genai_metrics_where_a_meter_is_configured(
+    spans: InMemorySpanExporter,
+) -> None:
+    reader = memory_metrics()
+    h = harness()
+    h.settle(h.launch("tracer", "what is k?"))
+    durations = histogram_points(reader, "gen_ai.client.operation.duration")
+    tokens = histogram_points(reader, "gen_ai.client.token.usage")
+    assert durations and tokens
+    kinds = {dict(p.attributes)["gen_ai.token.type"] for p in tokens}
+    assert kinds == {"input", "output"}
+    attributes = dict(durations[0].attributes)
+    assert attributes["gen_ai.operation.name"] == "chat"
+    assert attributes["gen_ai.request.model"] == "scripted"
+    assert sum(p.count for p in durations) >= 3
