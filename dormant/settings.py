@@ -58,6 +58,7 @@ ENV_NAMES = {
     "tracing": "DORMANT_TRACING",
     "trace_new_after_s": "DORMANT_TRACE_NEW_AFTER_S",
     "trace_content": "DORMANT_TRACE_CONTENT",
+    "trace_url_template": "DORMANT_TRACE_URL_TEMPLATE",
 }
 
 
@@ -189,6 +190,11 @@ class Settings:
     trace_content: bool = False
     """Put prompts and answers on the ``chat`` spans (``gen_ai.input.messages``,
     ``gen_ai.output.messages``): off by default, as they may hold personal data."""
+    trace_url_template: str = ""
+    """A trace viewer's URL with ``{trace_id}`` (and ``{span_id}``), e.g.
+    ``https://grafana.example/explore?traceId={trace_id}``: the dashboard links each
+    applied message to the trace of the slice that applied it; ``dormant show --traces``
+    prints them."""
 
     def __post_init__(self) -> None:
         if not _TABLE_PREFIX.fullmatch(self.table_prefix):

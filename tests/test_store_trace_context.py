@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from dormant.messages import UserMessage
-from dormant.stores.base import NewThread, Priority, Store, ThreadStatus
+from dormant.stores.base import InboxState, NewThread, Priority, Store, ThreadStatus
 from tests.test_store_contract import commit_from, new_thread, uid
 
 CONTEXT = "00-0000000000000000000000000000abcd-00000000000000ef-01 1700000000000"
@@ -54,3 +54,16 @@ def test_a_child_thread_created_by_a_commit_keeps_its_seeds_context(store: Store
     )
     assert store.commit(commit) is not None
     assert [row.trace for row in store.load(child_id).inbox] == [""]
+
+
+def test_an_applied_row_keeps_the_context_of_the_slice_that_applied_it(store: Store) -> None:
+    thread = new_thread(store)
+    applied = store.enqueue(thread.id, uid("m"), UserMessage(text="a"), 8, trace=CONTEXT)
+    untraced = store.enqueue(thread.id, uid("m"), UserMessage(text="b"), 8, trace=CONTEXT)
+    slice_context = "00-000000000000000000000000000000aa-00000000000000bb-01 1700000000001"
+    snap = store.load(thread.id)
+    assert store.commit(commit_from(snap, done=[applied.id], trace=slice_context)) is not None
+    snap = store.load(thread.id)
+    assert store.commit(commit_from(snap, done=[untraced.id])) is not None
+    done = {row.id: row.trace for row in store.inbox(thread.id, InboxState.DONE)}
+    assert done == {applied.id: slice_context, untraced.id: CONTEXT}

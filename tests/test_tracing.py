@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
 from opentelemetry import trace
@@ -295,3 +296,74 @@ def test_model_calls_are_measured_with_the_genai_metrics_where_a_meter_is_config
     assert attributes["gen_ai.operation.name"] == "chat"
     assert attributes["gen_ai.request.model"] == "scripted"
     assert sum(p.count for p in durations) >= 3
+
+
+VIEWER = "https://viewer.example/trace/{trace_id}?span={span_id}"
+
+
+def test_the_dashboard_links_each_applied_message_to_the_trace_that_applied_it(
+    spans: InMemorySpanExporter,
+) -> None:
+    from datetime import UTC, datetime
+
+    from dormant.http.ui.thread_page import thread_body
+
+    h = harness(trace_url_template=VIEWER)
+    thread_id = h.launch("tracer", "what is k?")
+    h.settle(thread_id)
+    body = thread_body(
+        h,
+        h.store.thread(thread_id),
+        root="/ui",
+        now=datetime.now(UTC),
+        full=False,
+        actions="",
+        stream_url=None,
+    )
+    slices = by_name(spans.get_finished_spans(), "invoke_agent")
+    links = [
+        f"https://viewer.example/trace/{trace_id(s):032x}?span={span_id(s):016x}" for s in slices
+    ]
+    # the user's text and both tool results, each to the slice that applied it
+    assert [body.count(f'href="{link.replace("&", "&amp;")}"') for link in links] == [1, 1, 1]
+    untemplated = Harness(agent(), settings=Settings(), store=h.store)
+    plain = thread_body(
+        untemplated,
+        h.store.thread(thread_id),
+        root="/ui",
+        now=datetime.now(UTC),
+        full=False,
+        actions="",
+        stream_url=None,
+    )
+    assert 'class="trace"' not in plain
+
+
+def test_dormant_show_traces_prints_the_chain(spans: InMemorySpanExporter, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+    from dormant.stores.sql.store import SQLStore, upgrade
+
+    url = f"sqlite:///{tmp_path / 'traced.db'}"
+    upgrade(url)
+    store = SQLStore(url)
+    h = Harness(agent(), settings=Settings(model_backoff_s=0.0), store=store)
+    thread_id = h.launch("tracer", "what is k?")
+    h.settle(thread_id)
+    store.close()
+    env = {"DORMANT_TRACE_URL_TEMPLATE": VIEWER}
+    shown = CliRunner().invoke(app, ["show", thread_id, "--traces", "--database-url", url], env=env)
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.strip().splitlines()
+    slices = by_name(spans.get_finished_spans(), "invoke_agent")
+    assert [line.split()[:2] for line in lines] == [
+        [f"{trace_id(slices[0]):032x}", "user"],
+        [f"{trace_id(slices[1]):032x}", "result"],
+        [f"{trace_id(slices[2]):032x}", "result"],
+    ]
+    assert lines[0].endswith(f"?span={span_id(slices[0]):016x}")
+    as_json = CliRunner().invoke(
+        app, ["show", thread_id, "--traces", "--json", "--database-url", url], env=env
+    )
+    assert [m["kind"] for m in json.loads(as_json.output)] == ["user", "result", "result"]

@@ -190,8 +190,10 @@ class InboxRow:
     created_at: datetime
     reason: str = ""
     trace: str = ""
-    """The trace context of whoever sent the message (``dormant.tracing.carrier``), empty
-    when nothing was traced: the slice that applies it continues or links that trace."""
+    """While the row waits, the trace context of whoever sent the message
+    (``dormant.tracing.carrier``; empty when nothing was traced): the slice that applies
+    it continues or links that trace. Once done, the context of that slice (a traced
+    commit replaces it), which the dashboard's and ``dormant show``'s trace links use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,8 +336,8 @@ class Commit:
     """The version of the agent the slice ran (``ThreadInfo.code_version``); empty keeps
     the thread's (a close, a compaction summary kept alone)."""
     trace: str = ""
-    """The slice's trace context, stored with its outbox rows and its messages for other
-    threads (``OutboxRow.trace``, ``InboxRow.trace``)."""
+    """The slice's trace context, stored with its outbox rows, its messages for other
+    threads and the inbox rows it applied (``OutboxRow.trace``, ``InboxRow.trace``)."""
 
 
 @dataclass(frozen=True)

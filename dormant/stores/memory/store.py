@@ -239,7 +239,7 @@ class MemoryStore(MemoryClosing, MemoryRetention, MemorySpending, MemorySweep, M
             hot.dirty = True
             open_rows = self._open.get(commit.thread_id, {})
             for row_id in commit.done:
-                stored.finish(hot, open_rows, row_id, InboxState.DONE, "")
+                stored.finish(hot, open_rows, row_id, InboxState.DONE, "", commit.trace)
             for row_id, reason in commit.rejected:
                 stored.finish(hot, open_rows, row_id, InboxState.REJECTED, reason)
             for row_id in commit.deferred:

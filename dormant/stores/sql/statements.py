@@ -127,12 +127,13 @@ def finish_rows(
     done: list[int],
     rejected: list[tuple[int, str]],
     deferred: list[int],
+    trace: str = "",
 ) -> None:
     """Mark a slice's inbox rows done, rejected or deferred (one statement per fate, the
     same statement whatever the count); finished rows stay as they are. Only a rejection
     writes a reason: a done or deferred row keeps its own (a row retried after quarantine
     stays marked ``RETRIED_MARK``). A row named twice takes the last fate: rejected over
-    deferred over done."""
+    deferred over done. A done row's ``trace`` becomes the applying slice's, if traced."""
     ready = prepared(conn)
     rejected_ids = {row_id for row_id, _ in rejected}
     deferred_only = [i for i in deferred if i not in rejected_ids]
@@ -140,7 +141,16 @@ def finish_rows(
     fates = [(i, InboxState.DONE.value) for i in done_only]
     fates += [(i, InboxState.DEFERRED.value) for i in deferred_only]
     if fates:
-        many = [{"row_id": i, "b_thread_id": thread_id, "b_state": state} for i, state in fates]
+        done_state = InboxState.DONE.value
+        many = [
+            {
+                "row_id": i,
+                "b_thread_id": thread_id,
+                "b_state": state,
+                "b_trace": trace if state == done_state else "",
+            }
+            for i, state in fates
+        ]
         run_many(conn, ready.finish_row, many)
     if rejected:
         reasons = dict(rejected)

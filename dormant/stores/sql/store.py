@@ -414,7 +414,7 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SchemaCheck):
             tid = commit.thread_id
             rows.insert_items(conn, tid, commit.items)
             rows.upsert_calls(conn, tid, commit.calls)
-            rows.finish_rows(conn, tid, commit.done, commit.rejected, commit.deferred)
+            rows.finish_rows(conn, tid, commit.done, commit.rejected, commit.deferred, commit.trace)
             outbox = [(tid, c, a) for c, a in commit.outbox]
             created = rows.insert_outbox(conn, outbox, now, commit.trace)
             rows.insert_timers(conn, tid, commit.timers)
