@@ -2,7 +2,8 @@
 
 Importing this module configures the worker process's OpenTelemetry SDK, as an
 application's own Celery setup would, with an exporter that appends each ended span as a
-JSON line to ``TEST_TRACE_FILE``: the test reads every worker's spans from it. With
+JSON line to ``TEST_TRACE_FILE``: the test reads every worker's spans from it (and over
+OTLP to ``TEST_OTLP_ENDPOINT``, a real trace store, when set). With
 ``TEST_INSTRUMENT_CELERY=1`` it also turns on ``opentelemetry-instrumentation-celery``, as
 an application that already traces its Celery tasks has it.
 """
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 
 from celery_agents import _key, worker_redis  # also: the worker_ready mark the tests wait on
 from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 
@@ -53,13 +55,31 @@ class JsonLinesExporter(SpanExporter):
         pass
 
 
-_provider = TracerProvider()
-_provider.add_span_processor(SimpleSpanProcessor(JsonLinesExporter(os.environ["TEST_TRACE_FILE"])))
-trace.set_tracer_provider(_provider)
+def _provider() -> TracerProvider:
+    """The worker's SDK: spans to ``TEST_TRACE_FILE``, and over OTLP/HTTP to
+    ``TEST_OTLP_ENDPOINT`` (a real trace store) when that is set."""
+    provider = TracerProvider(
+        resource=Resource.create(
+            {"service.name": "dormant-worker", "openinference.project.name": "dormant"}
+        )
+    )
+    if "TEST_TRACE_FILE" in os.environ:
+        exporter = JsonLinesExporter(os.environ["TEST_TRACE_FILE"])
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+    if "TEST_OTLP_ENDPOINT" in os.environ:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        otlp = OTLPSpanExporter(endpoint=os.environ["TEST_OTLP_ENDPOINT"])
+        provider.add_span_processor(SimpleSpanProcessor(otlp))
+    return provider
+
+
+_tracer_provider = _provider()
+trace.set_tracer_provider(_tracer_provider)
 if os.environ.get("TEST_INSTRUMENT_CELERY") == "1":
     from opentelemetry.instrumentation.celery import CeleryInstrumentor
 
-    CeleryInstrumentor().instrument(tracer_provider=_provider)
+    CeleryInstrumentor().instrument(tracer_provider=_tracer_provider)
 
 
 @tool
