@@ -367,3 +367,19 @@ def test_dormant_show_traces_prints_the_chain(spans: InMemorySpanExporter, tmp_p
         app, ["show", thread_id, "--traces", "--json", "--database-url", url], env=env
     )
     assert [m["kind"] for m in json.loads(as_json.output)] == ["user", "result", "result"]
+
+
+def test_a_launch_in_an_instrumented_django_view_makes_the_first_slice_the_requests_child() -> None:
+    script = Path(__file__).with_name("django_traced_view.py")
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, check=True, timeout=120
+    )
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    (request,) = found["requests"]
+    first = found["slices"][0]
+    assert first["parent"] == request["span"]
+    assert {s["trace"] for s in found["all"]} == {request["trace"]}, "one trace"
+    spans = {s["span"] for s in found["all"]}
+    rest = [s for s in found["all"] if s["span"] != request["span"]]
+    assert all(s["parent"] in spans for s in rest), "no broken parent"
+    assert len(spans) == len(found["all"]), "no span twice"
