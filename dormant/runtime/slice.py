@@ -141,8 +141,10 @@ def run_slice(thread_id: str, deps: SliceDeps, *, redelivered: bool = False) -> 
     except CrashPoint:
         raise  # a simulated death keeps the lease until it expires, like a real one
     except ControlSignal as signal:
-        work.end()
-        work.trace.fail(signal)
+        try:
+            work.end()
+        finally:
+            work.trace.fail(signal)  # a span ends even when the end's Redis call fails
         raise
     except BaseException as error:
         if isinstance(error, Exception):
@@ -151,11 +153,15 @@ def run_slice(thread_id: str, deps: SliceDeps, *, redelivered: bool = False) -> 
                 thread_id,
                 exc_info=True,
             )
-        work.end()
-        work.trace.fail(error)
+        try:
+            work.end()
+        finally:
+            work.trace.fail(error)
         raise
-    refused = work.end()
-    work.trace.end(outcome)
+    try:
+        refused = work.end()
+    finally:
+        work.trace.end(outcome)
     # Rows that arrived during the slice woke a slice that was refused the lease (or one
     # still queued, which will run): only then, after steering, or when the slice set rows
     # aside, is SQL asked again.
