@@ -383,3 +383,23 @@ def test_a_launch_in_an_instrumented_django_view_makes_the_first_slice_the_reque
     rest = [s for s in found["all"] if s["span"] != request["span"]]
     assert all(s["parent"] in spans for s in rest), "no broken parent"
     assert len(spans) == len(found["all"]), "no span twice"
+
+
+def test_messages_batched_into_one_slice_continue_the_first_and_link_the_rest(
+    spans: InMemorySpanExporter,
+) -> None:
+    h = harness()
+    thread_id = h.launch("tracer", "hello")
+    h.settle(thread_id)
+    spans.clear()
+    now_ms = int(time.time() * 1000)
+    first, second = encode(0xA1, 0xB1, 1, now_ms), encode(0xA2, 0xB2, 1, now_ms)
+    h.store.enqueue(thread_id, "one", UserMessage(text="one"), 8, trace=first)
+    h.store.enqueue(thread_id, "two", UserMessage(text="two"), 8, trace=second)
+    h.step(thread_id)
+    batched = by_name(spans.get_finished_spans(), "invoke_agent")[0]
+    assert batched.parent is not None and batched.parent.span_id == 0xB1
+    assert trace_id(batched) == 0xA1
+    assert [(link.context.trace_id, dict(link.attributes or {})) for link in batched.links] == [
+        (0xA2, {"dormant.link.reason": "user", "dormant.message.id": "two"})
+    ]
