@@ -185,8 +185,9 @@ class Settings:
     SDK's tracer provider (docs/tracing.md); without one nothing is imported or paid.
     False turns tracing off even then."""
     trace_new_after_s: float = 3600.0
-    """A message whose sender's trace context is older than this (an approval two days
-    later) starts a new trace, linked to the old one, instead of continuing it."""
+    """A message whose sender's trace context is older than this when a slice applies it
+    (it waited: held back, a stalled thread retried) starts a new trace, linked to the old
+    one, instead of continuing it."""
     trace_content: bool = False
     """Put prompts and answers on the ``chat`` spans (``gen_ai.input.messages``,
     ``gen_ai.output.messages``): off by default, as they may hold personal data."""
