@@ -4,7 +4,7 @@ UV := .uv/bin/uv
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: demo test lint types unit chaos bench bench-full bench-env clean
+.PHONY: demo test lint types unit chaos bench bench-full bench-env phoenix-env clean
 
 $(UV):
 	$(PYTHON) -m venv .uv
@@ -61,6 +61,17 @@ $(BENCH_PLOT)/.installed: bench/requirements-plot.txt $(VENV)/.synced
 
 bench-env: $(BENCH_LG)/.installed $(BENCH_PLOT)/.installed
 
+# A real trace store for the tracing tests (tests/celery/test_celery_phoenix.py): Arize
+# Phoenix from PyPI, in its own environment (it is large), never in .venv/.
+PHOENIX_ENV := tests/.venv-phoenix
+
+$(PHOENIX_ENV)/.installed: tests/requirements-phoenix.txt $(VENV)/.synced
+	$(UV) venv --quiet --allow-existing --python $(BIN)/python $(PHOENIX_ENV)
+	$(UV) pip install --quiet --python $(PHOENIX_ENV)/bin/python -r tests/requirements-phoenix.txt
+	touch $@
+
+phoenix-env: $(PHOENIX_ENV)/.installed
+
 bench: bench-env
 	$(BIN)/python bench/import_cost.py --runs 3
 	$(BIN)/python bench/reference.py --waves 200,200,200 --sqlite-waves 10,10,10 \
@@ -69,6 +80,7 @@ bench: bench-env
 	$(BIN)/python bench/mcp_calls.py
 	$(BIN)/python bench/burst.py --agents 100 --rpm 300 --user-after-s 5
 	$(BIN)/python bench/stream.py
+	$(BIN)/python bench/tracing_overhead.py --slices 1000 --rounds 3
 	$(BENCH_PLOT)/bin/python bench/plots.py
 	$(BIN)/python bench/summary.py $(BENCH_BEFORE_ARG)
 

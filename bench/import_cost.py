@@ -26,7 +26,17 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
-HEAVY = ("openai", "anthropic", "celery", "kombu", "httpx", "typer", "rich", "click")
+HEAVY = (
+    "openai",
+    "anthropic",
+    "celery",
+    "kombu",
+    "httpx",
+    "typer",
+    "rich",
+    "click",
+    "opentelemetry",
+)
 
 
 ENV = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}

@@ -61,6 +61,7 @@ from dormant.stores.base import (
 from dormant.stores.lineage import full_history
 from dormant.streams import LiveLog, StreamEvent
 from dormant.tools.runner import as_text
+from dormant.tracing import capture
 
 __all__ = ["BaseClient", "Waker", "new_message_id", "new_thread_id"]
 
@@ -158,6 +159,7 @@ class BaseClient(ApprovalMethods, ForkMethods, ABC):
             agent=agent,
             metadata=with_budget(metadata, budget),
             messages=[(message_id, first, priority)],
+            trace=capture(),  # a launch inside a traced request: the first slice is its child
         )
         try:
             self.store.create_thread(new)  # one transaction: the thread with its message
@@ -477,7 +479,13 @@ class BaseClient(ApprovalMethods, ForkMethods, ABC):
         depth = self.settings.max_inbox_depth
         max_open = depth if limited and depth > 0 else None
         self.store.enqueue(
-            thread_id, message_id, message, priority, max_open=max_open, answered_ok=answered_ok
+            thread_id,
+            message_id,
+            message,
+            priority,
+            max_open=max_open,
+            answered_ok=answered_ok,
+            trace=capture(),  # the sender's span (a request, a tool run) goes with the row
         )
         self._wake_saved(thread_id, priority)
         return message_id

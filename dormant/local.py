@@ -296,6 +296,7 @@ class LocalSystem(BaseClient):
                     run=run,
                     max_runs=self.settings.tool_max_runs,
                     whereabouts=self.whereabouts,
+                    settings=self.settings,
                 )
         if run and isinstance(outcome, NotHere):  # the next sweep sends it again
             self.store.unclaim_outbox(row.id)

@@ -55,6 +55,10 @@ ENV_NAMES = {
     "rate_limits": "DORMANT_RATE_LIMITS",
     "ui_token": "DORMANT_UI_TOKEN",
     "ui_actions": "DORMANT_UI_ACTIONS",
+    "tracing": "DORMANT_TRACING",
+    "trace_new_after_s": "DORMANT_TRACE_NEW_AFTER_S",
+    "trace_content": "DORMANT_TRACE_CONTENT",
+    "trace_url_template": "DORMANT_TRACE_URL_TEMPLATE",
 }
 
 
@@ -179,6 +183,22 @@ class Settings:
     dashboard answers only on a loopback bind, to local peers not behind a proxy."""
     ui_actions: bool = False
     """The dashboard offers retry and close (behind its auth and CSRF); else read-only."""
+    tracing: bool = True
+    """Trace slices and tool runs with OpenTelemetry when the application configured an
+    SDK's tracer provider (docs/tracing.md); without one nothing is imported or paid.
+    False turns tracing off even then."""
+    trace_new_after_s: float = 3600.0
+    """A message whose sender's trace context is older than this when a slice applies it
+    (it waited: held back, a stalled thread retried) starts a new trace, linked to the old
+    one, instead of continuing it."""
+    trace_content: bool = False
+    """Put prompts and answers on the ``chat`` spans (``gen_ai.input.messages``,
+    ``gen_ai.output.messages``): off by default, as they may hold personal data."""
+    trace_url_template: str = ""
+    """A trace viewer's URL with ``{trace_id}`` (and ``{span_id}``), e.g.
+    ``https://grafana.example/explore?traceId={trace_id}``: the dashboard links each
+    applied message to the trace of the slice that applied it; ``dormant show --traces``
+    prints them."""
 
     def __post_init__(self) -> None:
         if not _TABLE_PREFIX.fullmatch(self.table_prefix):
@@ -212,7 +232,7 @@ class Settings:
                 continue
             if name == "secret_keys":
                 values[name] = tuple(k.strip() for k in raw.split(",") if k.strip())
-            elif name in ("debug", "ui_actions"):
+            elif name in ("debug", "ui_actions", "tracing", "trace_content"):
                 values[name] = _flag(var, raw)
             elif name == "webhook_secrets":
                 values[name] = _webhook_secrets(var, raw)

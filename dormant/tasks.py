@@ -34,7 +34,7 @@ from celery import Celery, Task
 from dormant.agents import AgentRegistry, AgentSource, load_agents
 from dormant.celery.beat_sweep import SweepParts, sweep_turn
 from dormant.celery.config import PRUNE_TASK, SLICE_TASK, SWEEP_TASK, TOOL_TASK
-from dormant.celery.dispatch import CeleryDispatcher
+from dormant.celery.dispatch import TRACE_HEADER, CeleryDispatcher
 from dormant.client import Client
 from dormant.errors import CrashPoint, LeaseLost, NotFound, SliceFailed
 from dormant.ops.prune import prune
@@ -313,8 +313,10 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
     )
     def slice_task(self: Task, thread_id: str) -> str:
         rt = runtime()
+        # The Redis transport marks a task it restored from a dead worker (as RabbitMQ does).
+        redelivered = bool((self.request.delivery_info or {}).get("redelivered"))
         try:
-            outcome = run_slice(thread_id, rt.deps)
+            outcome = run_slice(thread_id, rt.deps, redelivered=redelivered)
         except CrashPoint as crash:
             _die(crash.name)
         except LeaseLost as lost:
@@ -352,7 +354,9 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
         self: Task, thread_id: str, call_id: str, outbox_id: int, action: str = "tool"
     ) -> str:
         rt = runtime()
-        row = OutboxRow(outbox_id, thread_id, call_id, action, datetime.now(UTC))
+        # The writing slice's trace context rides in a header (``CeleryDispatcher``).
+        trace = str(getattr(self.request, TRACE_HEADER, None) or "")
+        row = OutboxRow(outbox_id, thread_id, call_id, action, datetime.now(UTC), trace=trace)
         ttl_s = rt.settings.tool_claim_ttl_s
         try:
             run = claim_run(rt.store, outbox_id, ttl_s)
@@ -380,6 +384,7 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                     run=run,
                     max_runs=rt.settings.tool_max_runs,
                     whereabouts=rt.whereabouts,
+                    settings=rt.settings,
                 )
             except CrashPoint as crash:
                 _die(crash.name)

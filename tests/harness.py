@@ -63,7 +63,13 @@ class Harness(BaseClient):
         rows, self.outbox = self.outbox, []
         for row in rows:
             execute_outbox(
-                row, self.store, self.deps.agents, self, self.callback_url, self.deps.crash
+                row,
+                self.store,
+                self.deps.agents,
+                self,
+                self.callback_url,
+                self.deps.crash,
+                settings=self.deps.settings,
             )
         return len(rows)
 

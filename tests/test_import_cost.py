@@ -10,7 +10,17 @@ import json
 import subprocess
 import sys
 
-HEAVY = ("openai", "anthropic", "celery", "kombu", "httpx", "typer", "rich", "click")
+HEAVY = (
+    "openai",
+    "anthropic",
+    "celery",
+    "kombu",
+    "httpx",
+    "typer",
+    "rich",
+    "click",
+    "opentelemetry",
+)
 
 PUBLIC_NAMES = (
     "from dormant import Agent, BaseClient, Client, DormantError, LocalSystem, Settings, "

@@ -28,7 +28,13 @@ if TYPE_CHECKING:
     from dormant.settings import Settings
     from dormant.stores.redis import RedisWakeMarks
 
-__all__ = ["CeleryDispatcher", "carries_claims", "client_dispatcher"]
+__all__ = ["TRACE_HEADER", "CeleryDispatcher", "carries_claims", "client_dispatcher"]
+
+TRACE_HEADER = "dormant_trace"
+"""The Celery message header that carries an outbox row's trace context to its tool task
+(``dormant.tracing.carrier``): the task builds its row from its arguments, and the header
+saves it reading the row back. A slice's wake carries none: wakes are coalesced (one
+queued slice for many rows), and the slice reads each row's context with the row."""
 
 
 class CeleryDispatcher:
@@ -88,7 +94,8 @@ class CeleryDispatcher:
             "action": row.action,
         }
         shadow = self._labels.tool_name(TOOL_TASK, row) if self._labels else None
-        self._send(TOOL_TASK, kwargs, QUEUE_TOOLS, Priority.BACKGROUND, shadow)
+        headers = {TRACE_HEADER: row.trace} if row.trace else None
+        self._send(TOOL_TASK, kwargs, QUEUE_TOOLS, Priority.BACKGROUND, shadow, headers)
 
     def _send(
         self,
@@ -97,6 +104,7 @@ class CeleryDispatcher:
         queue: str,
         priority: int,
         shadow: str | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         self._app.send_task(
             name,
@@ -106,6 +114,7 @@ class CeleryDispatcher:
             serializer="json",
             add_to_parent=False,
             shadow=shadow,  # Flower's and the log's name: dormant.slice[triage]
+            headers=headers,
             confirm_timeout=BROKER_SOCKET_TIMEOUT_S,  # RabbitMQ: a stalled broker's confirm
         )
 

@@ -43,7 +43,7 @@ from dormant.cli.workers import beat, worker
 
 if TYPE_CHECKING:
     from dormant.settings import Settings
-    from dormant.stores.base import ThreadStatus
+    from dormant.stores.base import QueryStore, ThreadStatus
 
 __all__ = ["app", "run_hosted"]
 
@@ -156,15 +156,39 @@ def show(
     full: bool = typer.Option(
         False, "--full", help="Every stored item, including those a summary replaced."
     ),
+    traces: bool = typer.Option(
+        False,
+        "--traces",
+        help="Instead: each applied message and the trace of the slice that applied it "
+        "(links with DORMANT_TRACE_URL_TEMPLATE; docs/tracing.md).",
+    ),
 ) -> None:
     """A thread's timeline: what its model sees, inherited items dimmed."""
     from dormant.ops.inspect import timeline, timeline_record
 
     with closing(open_store(database_url)) as store:
-        if as_json:
+        if traces:
+            _show_traces(store, thread_id, as_json)
+        elif as_json:
             _print_json(timeline_record(store, thread_id, full=full))
         else:
             _rich(timeline(store, thread_id, full=full))
+
+
+def _show_traces(store: QueryStore, thread_id: str, as_json: bool) -> None:
+    from dataclasses import asdict
+
+    from dormant.tracing.links import trace_chain
+
+    store.thread(thread_id)  # an unknown thread is an error, not an empty chain
+    chain = trace_chain(store, thread_id, env_settings().trace_url_template)
+    if as_json:
+        _print_json([asdict(m) for m in chain])
+        return
+    if not chain:
+        typer.echo("no traced messages (tracing off, or their rows were pruned)")
+    for m in chain:
+        typer.echo(f"{m.trace_id}  {m.kind:<7} {m.message_id}  {m.url or ''}".rstrip())
 
 
 def _check_upgrade(agents_module: str | None, database_url: str | None, as_json: bool) -> None:

@@ -36,6 +36,7 @@ from dormant.stores.closing import streams_to_stop
 
 __all__ = [
     "EVENT_SEED_PREFIX",
+    "SEED_PREFIX",
     "close_thread",
     "instructions_for",
     "new_thread_id",
@@ -45,6 +46,9 @@ __all__ = [
 ]
 
 
+SEED_PREFIX = "seed:"
+"""The message id of a spawned child's first message (``seed:<spawn call id>``): its
+trace links to the parent's slice rather than continuing it (``dormant.tracing``)."""
 EVENT_SEED_PREFIX = "event:"
 """A threaded event's seed in its temporary child has the message id of the subscriber's
 row, with this prefix (``dormant check`` follows an event there)."""
@@ -106,7 +110,7 @@ def spawn_child(
             "Report with report_to_parent; finish with close_thread."
         ),
     )
-    turn.enqueue.append((child_id, f"seed:{call.call_id}", seed, Priority.BACKGROUND))
+    turn.enqueue.append((child_id, f"{SEED_PREFIX}{call.call_id}", seed, Priority.BACKGROUND))
     return child_id
 
 

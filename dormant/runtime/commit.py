@@ -45,6 +45,7 @@ from dormant.stores.base import (
     VersionChange,
 )
 from dormant.stores.closing import close_calls
+from dormant.tracing import SliceTrace
 
 __all__ = ["SliceCommit", "version_change"]
 
@@ -56,6 +57,7 @@ class SliceCommit:
     committed: bool
     applied_ids: list[str]
     events: list[Event]
+    trace: SliceTrace
 
     def _check_deadline(self) -> None:
         raise NotImplementedError
@@ -101,6 +103,7 @@ class SliceCommit:
             message_completions=turn.meter.message_completions if turn.meter else None,
             code_version=turn.code_version,
             version_change=version_change(thread.code_version, turn),
+            trace=self.trace.carrier(),
         )
         self._check_deadline()
         deps.crash("before_commit")
@@ -108,6 +111,7 @@ class SliceCommit:
         if rows is None:
             return self._overtaken(), None
         self.committed = True
+        self.trace.committed(turn.next_seq, turn.free_seq - 1, turn.code_version)
         deps.crash("after_commit")
         self._after_commit(snap, applied, turn, status, rows)
         return settled(self.thread_id, status, applied.calls), self.seen

@@ -95,6 +95,7 @@ from dormant.stores.rawitem import ItemsView
 from dormant.tools.builtins import (
     BuiltinContext,
 )
+from dormant.tracing import UNTRACED, SliceTrace, start_slice
 
 __all__ = [
     "Busy",
@@ -121,8 +122,11 @@ __all__ = [
 log = logging.getLogger("dormant.slice")
 
 
-def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
+def run_slice(thread_id: str, deps: SliceDeps, *, redelivered: bool = False) -> SliceOutcome:
     """Run one slice of ``thread_id``; see the module docstring for the steps.
+
+    ``redelivered``: the broker handed this slice's task on from a worker that died with
+    it (its trace marks the slice, which explains a second model call in the turn).
 
     Any exception from the agent's code, its model or a bug (not a control signal) is a
     failed slice: nothing is committed, the error is recorded with a backoff and the thread
@@ -132,14 +136,17 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
     token = deps.lease.acquire(thread_id, deps.settings.lease_ttl_s)
     if token is None:
         return Busy(thread_id)  # the holder drains the inbox: its release sees the refusal
-    work = _Slice(thread_id, token, deps)
+    work = _Slice(thread_id, token, deps, redelivered)
     try:
         deps.crash("holding_lease")
         outcome, seen = work.run()
     except CrashPoint:
         raise  # a simulated death keeps the lease until it expires, like a real one
-    except ControlSignal:
-        work.end()
+    except ControlSignal as signal:
+        try:
+            work.end()
+        finally:
+            work.trace.fail(signal)  # a span ends even when the end's Redis call fails
         raise
     except BaseException as error:
         if isinstance(error, Exception):
@@ -148,9 +155,15 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
                 thread_id,
                 exc_info=True,
             )
-        work.end()
+        try:
+            work.end()
+        finally:
+            work.trace.fail(error)
         raise
-    refused = work.end()
+    try:
+        refused = work.end()
+    finally:
+        work.trace.end(outcome)
     # Rows that arrived during the slice woke a slice that was refused the lease (or one
     # still queued, which will run): only then, after steering, or when the slice set rows
     # aside, is SQL asked again.
@@ -163,8 +176,9 @@ def run_slice(thread_id: str, deps: SliceDeps) -> SliceOutcome:
 
 
 class _Slice(SliceWatch, SliceCommit):
-    def __init__(self, thread_id: str, token: str, deps: SliceDeps) -> None:
+    def __init__(self, thread_id: str, token: str, deps: SliceDeps, redelivered: bool) -> None:
         self.thread_id = thread_id
+        self.redelivered = redelivered
         self.token = token
         self.deps = deps
         self.renewed_at = time.monotonic()
@@ -187,6 +201,8 @@ class _Slice(SliceWatch, SliceCommit):
         """Events published when the slice ends, with the lease's release."""
         self.caller = Caller(thread_id, interactive=False, flow="")
         """Who asks for model capacity (``runtime/admission.py``), set once loaded."""
+        self.trace: SliceTrace = UNTRACED
+        """The slice's span (``dormant.tracing``), started once it has input to apply."""
 
     def end(self) -> bool:
         """Publish the buffered events, remember the applied ids, release the lease."""
@@ -213,6 +229,7 @@ class _Slice(SliceWatch, SliceCommit):
         snap = isolate(snap)  # after a failure: one suspect row alone (quarantine.py)
         self.set_aside = len(snap.inbox) < loaded
         self.seen = max(row.id for row in snap.inbox)
+        self.trace = start_slice(deps.settings, snap, self.redelivered)
         try:
             return self._apply(snap)
         except ControlSignal:
@@ -274,8 +291,11 @@ class _Slice(SliceWatch, SliceCommit):
             except SteeredAway:
                 return Steered(self.thread_id), self.seen
             except Throttled as throttled:  # nothing consumed; woken when capacity is back
+                self.trace.event("dormant.admission.wait", {"dormant.wait_s": throttled.wait_s})
                 return defer(deps, throttled), self.seen
             except (BudgetExceeded, ModelError) as error:
+                if isinstance(error, BudgetExceeded):
+                    self.trace.event("dormant.budget.stop", {"dormant.reason": str(error)})
                 if not paid_summary(turn):
                     raise  # nothing was paid for: nothing to keep
                 # A compaction was, then the budget refused its reply or the model failed
@@ -289,6 +309,7 @@ class _Slice(SliceWatch, SliceCommit):
             turn.enqueue.append(fed)
         committed = self._commit(snap, applied, turn)
         if turn.meter is not None and turn.meter.stopped and self.committed:
+            self.trace.event("dormant.budget.stop", {"dormant.reason": turn.meter.stopped})
             return self._failed(0, turn.meter.stopped, stall_after=1), committed[1]
         return committed
 

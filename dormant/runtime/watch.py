@@ -22,6 +22,7 @@ from dormant.runtime.admission import Caller, complete_admitted
 from dormant.runtime.deps import SliceDeps
 from dormant.runtime.failures import check_deadline
 from dormant.stores.base import ThreadStatus
+from dormant.tracing import SliceTrace
 
 __all__ = ["SliceWatch"]
 
@@ -34,6 +35,7 @@ class SliceWatch:
     started_at: datetime
     events: list[Event]
     caller: Caller
+    trace: SliceTrace
     steering: bool
     """Whether the agent is steered (``steering="interrupt"``): newer user text ends the
     completion."""
@@ -56,9 +58,12 @@ class SliceWatch:
     def _complete(self, model: Model, request: ModelRequest) -> Completion:
         self._keep_lease(time.monotonic())
         try:
-            return complete_admitted(
-                self.deps, self.caller, model, request, self._on_chunk, self._between_attempts
-            )
+            with self.trace.chat(model, request) as chat:
+                completion = complete_admitted(
+                    self.deps, self.caller, model, request, self._on_chunk, self._between_attempts
+                )
+                chat.done(completion)
+                return completion
         finally:  # the rest of the text goes out with the slice's other events
             if self.streamed:
                 self.events.append(self._chunk())

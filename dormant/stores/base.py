@@ -133,8 +133,10 @@ class InboxStore(Protocol):
         *,
         max_open: int | None = None,
         answered_ok: bool = True,
+        trace: str = "",
     ) -> InboxRow:
-        """Queue a message; raises ``UnknownThread``, ``ThreadClosed``, ``UnknownCall``,
+        """Queue a message, with the sender's ``trace`` context kept on the row; raises
+        ``UnknownThread``, ``ThreadClosed``, ``UnknownCall``,
         ``SubscriptionCancelled`` or ``DuplicateMessage`` (unique (thread_id, message_id),
         and a message id already in the history, whose inbox row retention may have
         deleted); ``InboxFull`` if ``max_open`` rows are already pending or deferred. Unless

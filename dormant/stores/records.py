@@ -205,6 +205,11 @@ class InboxRow:
     state: InboxState
     created_at: datetime
     reason: str = ""
+    trace: str = ""
+    """While the row waits, the trace context of whoever sent the message
+    (``dormant.tracing.carrier``; empty when nothing was traced): the slice that applies
+    it continues or links that trace. Once done, the context of that slice (a traced
+    commit replaces it), which the dashboard's and ``dormant show``'s trace links use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +226,8 @@ class OutboxRow:
     """The running task's heartbeat: while it is in the future a live run holds the row."""
     runs: int = 0
     """Runs started (claims taken); all but a live last one died."""
+    trace: str = ""
+    """The trace context of the slice that wrote the row: the tool's span is its child."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,6 +300,8 @@ class NewThread:
     """Waiting for a fork that keeps calls open at its fork point; idle otherwise."""
     tag: str | None = None
     """``ThreadInfo.tag``."""
+    trace: str = ""
+    """The trace context stored with ``messages`` (``InboxRow.trace``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,6 +360,9 @@ class Commit:
     version_change: VersionChange | None = None
     """Set when the slice ran another version than the thread's last (a deploy came
     between): the store keeps it, so a thread's record says which code ran each slice."""
+    trace: str = ""
+    """The slice's trace context, stored with its outbox rows, its messages for other
+    threads and the inbox rows it applied (``OutboxRow.trace``, ``InboxRow.trace``)."""
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -27,9 +28,10 @@ from dormant.errors import (
     UnknownAgent,
 )
 from dormant.runtime.whereabouts import Elsewhere, Whereabouts
-from dormant.stores.base import CallState, OutboxRow, QueryStore
+from dormant.settings import Settings
+from dormant.stores.base import CallRecord, CallState, OutboxRow, QueryStore
 from dormant.stores.outages import unreachable_server
-from dormant.tools.base import ToolContext, ToolSink
+from dormant.tools.base import Tool, ToolContext, ToolSink
 from dormant.tools.outcomes import (
     AlreadyAnswered,
     Answered,
@@ -41,6 +43,7 @@ from dormant.tools.outcomes import (
     Started,
     ToolOutcome,
 )
+from dormant.tracing import UNTRACED, start_tool
 
 __all__ = ["RunnerStore", "as_text", "execute_outbox", "hand_in"]
 
@@ -101,6 +104,7 @@ def execute_outbox(
     run: int = 1,
     max_runs: int = 3,
     whereabouts: Whereabouts | None = None,
+    settings: Settings | None = None,
 ) -> ToolOutcome:
     """Run ``row``; every failure of the tool becomes an "Error: ..." result (never a hang).
 
@@ -116,13 +120,15 @@ def execute_outbox(
     The row is marked ran once the work is done or found unnecessary, so the sweeper
     re-dispatches only rows whose task the broker lost before any worker ran it. The
     result is handed in (and the row marked) with retries for ``hand_in_timeout_s``.
-    Returns what the run did (Flower shows it).
+    Returns what the run did (Flower shows it). With ``settings`` the run is traced
+    (``execute_tool``) when tracing is on (``dormant.tracing``).
     """
     retrying = _RetryingSink(sink, hand_in_timeout_s)
     if run > max_runs:
         outcome = _give_up(row, store, retrying, run - 1)
     else:
-        outcome = _run(row, store, agents, retrying, callback_url, crash, whereabouts)
+        found = _run(row, store, agents, retrying, callback_url, crash, whereabouts)
+        outcome = _traced(found, settings, run) if isinstance(found, _Ready) else found
     if isinstance(outcome, NotHere):
         return outcome
     hand_in(f"outbox row {row.id}", lambda: store.mark_ran([row.id]), hand_in_timeout_s)
@@ -230,6 +236,19 @@ def _refusal_result(error: Exception) -> str:
     return f"Error: the tool's result could not be stored: {_why(error)}"
 
 
+@dataclass(frozen=True)
+class _Ready:
+    """A call found pending, with the tool that answers it: what is left is to run it."""
+
+    row: OutboxRow
+    tool: Tool
+    call: CallRecord
+    ctx: ToolContext
+    sink: _RetryingSink
+    crash: Callable[[str], None]
+    conversation_id: str
+
+
 def _run(
     row: OutboxRow,
     store: RunnerStore,
@@ -238,7 +257,7 @@ def _run(
     callback_url: Callable[[str, str], str],
     crash: Callable[[str], None],
     whereabouts: Whereabouts | None,
-) -> ToolOutcome:
+) -> ToolOutcome | _Ready:
     thread = store.thread(row.thread_id)
     call = store.call(row.thread_id, row.call_id)
     if row.action == "notify":
@@ -275,9 +294,30 @@ def _run(
         return CancelHookRan(tool.on_cancel is not None, _cancel(tool.on_cancel, ctx))
     if call.state is not CallState.PENDING:
         return AlreadyAnswered()  # answered meanwhile: a re-dispatch must not run the tool twice
-    crash("in_tool")
+    return _Ready(row, tool, call, ctx, sink, crash, thread.root_id or thread.id)
+
+
+def _traced(ready: _Ready, settings: Settings | None, run: int) -> ToolOutcome:
+    """Run the tool inside its ``execute_tool`` span (when tracing is on), so the result
+    it hands in carries the span to the slice that applies it."""
+    span = (
+        UNTRACED
+        if settings is None
+        else start_tool(
+            settings, ready.row, ready.call.name, ready.conversation_id, run, ready.call.args
+        )
+    )
+    with span:
+        outcome = _invoke(ready)
+        span.ended(outcome)
+    return outcome
+
+
+def _invoke(ready: _Ready) -> ToolOutcome:
+    row, call, sink, tool = ready.row, ready.call, ready.sink, ready.tool
+    ready.crash("in_tool")
     try:
-        value = tool.invoke(call.args, ctx)
+        value = tool.invoke(call.args, ready.ctx)
     except InvalidToolArguments as error:  # a call stored under another signature
         sink.tool_result(row.thread_id, row.call_id, f"Error: {error}", is_error=True)
         return Raised(str(error))

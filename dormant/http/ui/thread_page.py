@@ -39,6 +39,7 @@ from dormant.stores.base import (
     ThreadInfo,
     ThreadStatus,
 )
+from dormant.tracing.links import trace_chain
 
 __all__ = ["MAX_TREE_NODES", "thread_body", "thread_state"]
 
@@ -63,7 +64,8 @@ def thread_body(
     calls = snap.calls
     items = client.stored_history(info.id, full=full)
     last_seq = max((s.seq for s in items), default=0)
-    timeline = "".join(_item(s, info, calls) for s in items)
+    traces = _trace_links(client, info.id)
+    timeline = "".join(_item(s, info, calls, traces.get(s.message_id)) for s in items)
     timeline += "".join(_queued(row) for row in snap.inbox)
     view = (
         f'<a href="{href(root, "thread", id=info.id)}">model view</a> · <b>full transcript</b>'
@@ -312,10 +314,24 @@ def _queued(row: InboxRow) -> str:
     )
 
 
-def _item(stored: StoredItem, info: ThreadInfo, calls: dict[str, CallRecord]) -> str:
+def _trace_links(client: BaseClient, thread_id: str) -> dict[str, str]:
+    """Message id -> the URL of the trace of the slice that applied it, when
+    ``trace_url_template`` is set (only then is the inbox read for them)."""
+    template = client.settings.trace_url_template
+    if not template:
+        return {}
+    chain = trace_chain(client.store, thread_id, template)
+    return {m.message_id: m.url for m in chain if m.url}
+
+
+def _item(
+    stored: StoredItem, info: ThreadInfo, calls: dict[str, CallRecord], trace: str | None = None
+) -> str:
     inherited = info.fork_seq is not None and stored.seq <= info.fork_seq
     cls = " inherited" if inherited else ""
     seq = f'<span class="seq">#{stored.seq}</span>'
+    if trace is not None:  # the slice that applied this message, in the trace viewer
+        seq += f'<a class="trace" href="{esc(trace)}" rel="noopener" target="_blank">trace</a>'
     match stored.item:
         case UserText(text=text):
             body = f'<span class="who">user</span><div class="text">{esc(text)}</div>'

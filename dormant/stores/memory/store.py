@@ -122,7 +122,7 @@ class MemoryStore(
             if thread.calls:
                 t.calls = stored.pack_calls({c.call_id: c for c in thread.calls})
             for message_id, message, priority in thread.messages:
-                self._insert_row(t, thread.id, message_id, message, priority)
+                self._insert_row(t, thread.id, message_id, message, priority, thread.trace)
             self._threads[thread.id] = t
             if thread.parent_id is not None:
                 self._children.setdefault(thread.parent_id, []).append(thread.id)
@@ -182,6 +182,7 @@ class MemoryStore(
         *,
         max_open: int | None = None,
         answered_ok: bool = True,
+        trace: str = "",
     ) -> InboxRow:
         with self._lock:
             t = self._get(thread_id)
@@ -204,7 +205,7 @@ class MemoryStore(
                     if t.seen(message_id):
                         raise DuplicateMessage(thread_id, message_id)
                     raise CallAnswered(thread_id, call_id, message_id)
-            return self._insert_row(t, thread_id, message_id, message, priority)
+            return self._insert_row(t, thread_id, message_id, message, priority, trace)
 
     def add_timer(self, thread_id: str, timer: NewTimer) -> None:
         with self._lock:
@@ -261,7 +262,7 @@ class MemoryStore(
             hot.dirty = True
             open_rows = self._open.get(commit.thread_id, {})
             for row_id in commit.done:
-                stored.finish(hot, open_rows, row_id, InboxState.DONE, "")
+                stored.finish(hot, open_rows, row_id, InboxState.DONE, "", commit.trace)
             for row_id, reason in commit.rejected:
                 stored.finish(hot, open_rows, row_id, InboxState.REJECTED, reason)
             for row_id in commit.deferred:
@@ -272,7 +273,9 @@ class MemoryStore(
             now = stored.now()
             created = []
             for call_id, action in commit.outbox:
-                row = OutboxRow(next(self._ids), commit.thread_id, call_id, action, now)
+                row = OutboxRow(
+                    next(self._ids), commit.thread_id, call_id, action, now, trace=commit.trace
+                )
                 self._outbox[row.id] = row
                 created.append(row)
             for timer in commit.timers:
@@ -285,7 +288,7 @@ class MemoryStore(
             for thread_id, message_id, message, priority in commit.enqueue:
                 target = self._threads.get(thread_id)
                 if target is not None and not target.seen(message_id):
-                    self._insert_row(target, thread_id, message_id, message, priority)
+                    self._insert_row(target, thread_id, message_id, message, priority, commit.trace)
             changes: dict[str, Any] = dict(
                 status=commit.status,
                 inbox_seen=max(info.inbox_seen, commit.inbox_seen),
@@ -413,6 +416,7 @@ class MemoryStore(
         message_id: str,
         message: Inbound,
         priority: int,
+        trace: str = "",
     ) -> InboxRow:
         if t.seen(message_id):
             raise DuplicateMessage(thread_id, message_id)
@@ -424,6 +428,7 @@ class MemoryStore(
             priority,
             InboxState.PENDING,
             stored.now(),
+            trace=trace,
         )
         t.ids.add(message_id)
         self._open.setdefault(thread_id, {})[row.id] = row

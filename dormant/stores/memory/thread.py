@@ -219,12 +219,19 @@ def decode_items(t: StoredThread) -> tuple[list[StoredItem], bytes]:
 
 
 def finish(
-    hot: Hot, open_rows: dict[int, InboxRow], row_id: int, state: InboxState, reason: str
+    hot: Hot,
+    open_rows: dict[int, InboxRow],
+    row_id: int,
+    state: InboxState,
+    reason: str,
+    trace: str = "",
 ) -> None:
+    """Finish an open row; ``trace``, the applying slice's context, replaces the sender's."""
     row = open_rows.pop(row_id, None)
     if row is not None:
         reason = reason or row.reason  # a retried row keeps its quarantine story
-        hot.done.append(codecs().row.dump_json(replace(row, state=state, reason=reason)))
+        done = replace(row, state=state, reason=reason, trace=trace or row.trace)
+        hot.done.append(codecs().row.dump_json(done))
         del hot.done[:-DONE_ROWS_KEPT]
 
 

@@ -217,7 +217,11 @@ class Prepared:
             inbox.c.thread_id == bindparam("b_thread_id"),
             is_open(inbox),
         )
-        self.finish_row: Update = update(inbox).where(*mine_open).values(state=bindparam("b_state"))
+        # A done row's context becomes its applying slice's (none: the sender's stays).
+        applied_trace = func.coalesce(func.nullif(bindparam("b_trace"), ""), inbox.c.trace)
+        self.finish_row: Update = (
+            update(inbox).where(*mine_open).values(state=bindparam("b_state"), trace=applied_trace)
+        )
         self.reject_row: Update = (
             update(inbox)
             .where(

@@ -197,7 +197,12 @@ def call_record(row: Row) -> CallRecord:
 
 
 def inbox_values(
-    thread_id: str, message_id: str, message: Inbound, priority: int, now: datetime
+    thread_id: str,
+    message_id: str,
+    message: Inbound,
+    priority: int,
+    now: datetime,
+    trace: str = "",
 ) -> dict[str, Any]:
     return {
         "thread_id": thread_id,
@@ -208,6 +213,7 @@ def inbox_values(
         "state": InboxState.PENDING.value,
         "reason": "",
         "created_at": now,
+        "trace": trace,
     }
 
 
@@ -221,6 +227,7 @@ def inbox_row(row: Row) -> InboxRow:
         state=InboxState(row["state"]),
         created_at=row["created_at"],
         reason=row["reason"],
+        trace=row["trace"] or "",
     )
 
 
@@ -235,6 +242,7 @@ def outbox_row(row: Row) -> OutboxRow:
         ran_at=row["ran_at"],
         claimed_until=row["claimed_until"],
         runs=row["runs"],
+        trace=row["trace"] or "",
     )
 
 

@@ -29,7 +29,16 @@ from dormant.stores.sql.tables import Schema, schema
 
 __all__ = ["insert_checked"]
 
-_COLUMNS = ("thread_id", "message_id", "kind", "payload", "priority", "state", "reason")
+_COLUMNS = (
+    "thread_id",
+    "message_id",
+    "kind",
+    "payload",
+    "priority",
+    "state",
+    "reason",
+    "trace",
+)
 _STAMP = "created_at"
 
 

@@ -97,7 +97,9 @@ def create_thread(conn: Connection, thread: NewThread, now: datetime) -> ThreadI
     insert_items(conn, thread.id, thread.items)
     upsert_calls(conn, thread.id, thread.calls)
     if thread.messages:
-        first = [inbox_values(thread.id, mid, m, p, now) for mid, m, p in thread.messages]
+        first = [
+            inbox_values(thread.id, mid, m, p, now, thread.trace) for mid, m, p in thread.messages
+        ]
         conn.execute(tables(conn).inbox.insert(), first)
     return thread_info(row)
 
@@ -126,12 +128,13 @@ def finish_rows(
     done: list[int],
     rejected: list[tuple[int, str]],
     deferred: list[int],
+    trace: str = "",
 ) -> None:
     """Mark a slice's inbox rows done, rejected or deferred (one statement per fate, the
     same statement whatever the count); finished rows stay as they are. Only a rejection
     writes a reason: a done or deferred row keeps its own (a row retried after quarantine
     stays marked ``RETRIED_MARK``). A row named twice takes the last fate: rejected over
-    deferred over done."""
+    deferred over done. A done row's ``trace`` becomes the applying slice's, if traced."""
     ready = prepared(conn)
     rejected_ids = {row_id for row_id, _ in rejected}
     deferred_only = [i for i in deferred if i not in rejected_ids]
@@ -139,7 +142,16 @@ def finish_rows(
     fates = [(i, InboxState.DONE.value) for i in done_only]
     fates += [(i, InboxState.DEFERRED.value) for i in deferred_only]
     if fates:
-        many = [{"row_id": i, "b_thread_id": thread_id, "b_state": state} for i, state in fates]
+        done_state = InboxState.DONE.value
+        many = [
+            {
+                "row_id": i,
+                "b_thread_id": thread_id,
+                "b_state": state,
+                "b_trace": trace if state == done_state else "",
+            }
+            for i, state in fates
+        ]
         run_many(conn, ready.finish_row, many)
     if rejected:
         reasons = dict(rejected)
@@ -148,16 +160,16 @@ def finish_rows(
 
 
 def insert_outbox(
-    conn: Connection, entries: list[tuple[str, str, str]], now: datetime
+    conn: Connection, entries: list[tuple[str, str, str]], now: datetime, trace: str = ""
 ) -> list[OutboxRow]:
-    """Insert (thread_id, call_id, action) outbox rows in one statement, in that order."""
+    """Insert (thread_id, call_id, action) outbox rows in one statement, in that order,
+    each with the writing slice's ``trace`` context."""
     if not entries:
         return []
     stmt = prepared(conn).insert_outbox
+    fixed = {"created_at": now, "runs": 0, "trace": trace}
     found = [
-        run(
-            conn, stmt, {"thread_id": t, "call_id": c, "action": a, "created_at": now, "runs": 0}
-        ).one()
+        run(conn, stmt, {"thread_id": t, "call_id": c, "action": a, **fixed}).one()
         for t, c, a in entries
     ]
     return sorted((outbox_row(r) for r in found), key=lambda row: row.id)
@@ -182,7 +194,7 @@ def claim_timer(conn: Connection, timer_id: int, now: datetime) -> bool:
 
 
 def enqueue_elsewhere(
-    conn: Connection, entries: list[tuple[str, str, Inbound, int]], now: datetime
+    conn: Connection, entries: list[tuple[str, str, Inbound, int]], now: datetime, trace: str = ""
 ) -> None:
     """Queue a commit's messages for other threads; duplicates and unknown targets are
     skipped (threads are never deleted, so reading the targets first is race-free)."""
@@ -192,7 +204,7 @@ def enqueue_elsewhere(
     known = set(conn.execute(prepared(conn).known_threads, {"ids": targets}).scalars())
     for thread_id, message_id, message, priority in entries:
         if thread_id in known:
-            values = inbox_values(thread_id, message_id, message, priority, now)
+            values = inbox_values(thread_id, message_id, message, priority, now, trace)
             insert_inbox_ignoring_duplicates(conn, values)
 
 

@@ -302,8 +302,9 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLTimerQuery, SchemaCheck):
         *,
         max_open: int | None = None,
         answered_ok: bool = True,
+        trace: str = "",
     ) -> InboxRow:
-        values = inbox_values(thread_id, message_id, message, priority, _now())
+        values = inbox_values(thread_id, message_id, message, priority, _now(), trace)
         try:
             if self._postgres and self._caller is None:  # one round trip: sends.py
                 self._check_schema_and_say()
@@ -420,15 +421,16 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLTimerQuery, SchemaCheck):
             tid = commit.thread_id
             rows.insert_items(conn, tid, commit.items)
             rows.upsert_calls(conn, tid, commit.calls)
-            rows.finish_rows(conn, tid, commit.done, commit.rejected, commit.deferred)
-            created = rows.insert_outbox(conn, [(tid, c, a) for c, a in commit.outbox], now)
+            rows.finish_rows(conn, tid, commit.done, commit.rejected, commit.deferred, commit.trace)
+            outbox = [(tid, c, a) for c, a in commit.outbox]
+            created = rows.insert_outbox(conn, outbox, now, commit.trace)
             rows.insert_timers(conn, tid, commit.timers)
             rows.cancel_timers(conn, tid, commit.cancel_timers)
             for new in commit.threads:
                 rows.create_thread(conn, new, now)
             if commit.close_descendants:
                 created += rows.close_descendants(conn, tid, now)
-            rows.enqueue_elsewhere(conn, commit.enqueue, now)
+            rows.enqueue_elsewhere(conn, commit.enqueue, now, commit.trace)
             return created
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None:

@@ -178,6 +178,8 @@ class InboxColumns(SQLModel):
     state: str = Field(sa_type=String)
     reason: str = Field(default="", sa_type=Text)
     created_at: datetime = Field(sa_type=UTCDateTime)
+    trace: str = Field(default="", sa_type=String, sa_column_kwargs={"server_default": ""})
+    """The sender's trace context (``dormant.tracing.carrier``; migration 0014)."""
 
 
 class OutboxColumns(SQLModel):
@@ -195,6 +197,8 @@ class OutboxColumns(SQLModel):
     run whose claim lapsed died, and the sweeper sends the row again."""
     runs: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     """Claims taken on the row: the runs started, the last of which may still be live."""
+    trace: str = Field(default="", sa_type=String, sa_column_kwargs={"server_default": ""})
+    """The trace context of the slice that wrote the row (migration 0014)."""
 
 
 class TimerColumns(SQLModel):
