@@ -125,7 +125,10 @@ class Runtime:
         client = redis_client(settings)
         prefix = settings.key_prefix
         store = LabelledSQLStore(
-            settings.database_url, TaskLabels(), table_prefix=settings.table_prefix
+            settings.database_url,
+            TaskLabels(),
+            table_prefix=settings.table_prefix,
+            history_cache_bytes=settings.history_cache_bytes,
         )
         dedup = RedisDedup(client, prefix, settings.dedup_ttl_s)
         marks = RedisWakeMarks(client, prefix, wake_mark_ttl_s(settings))
