@@ -84,12 +84,14 @@ class Settings:
     max_history_bytes: int = 16 * 1024 * 1024
     """A thread's model-visible history (JSON bytes, after compaction): a slice that would
     send more to the model fails with ``HistoryTooLarge`` (recorded; 0 turns it off)."""
-    history_cache_mib: float = 32.0
+    history_cache_mib: float = 8.0
     """MiB of history items (their JSON bytes) an SQL store keeps decoded in the process,
     least recently used thread out first, so a busy thread's slice reads only the items
     committed since its last one (``stores/sql/items.py``). A worker's memory for it grows
-    up to about twice this (the items' objects beside their JSON); 0 turns it off. The
-    default is chosen from ``bench/history_cache.py``'s curve (docs/benchmarks.md)."""
+    up to about twice this (the items' objects beside their JSON); 0 turns it off. Size it
+    to the threads a worker serves in turn: a cache smaller than them is read through (LRU)
+    and buys little. The default, from ``bench/history_cache.py``'s curve
+    (docs/benchmarks.md), holds about 140 threads of 20 turns."""
     max_inbox_depth: int = 1000
     """Messages waiting in one thread's inbox (pending or deferred): user text and events
     past it are refused with ``InboxFull``; tool results never are (0 turns it off)."""

@@ -129,7 +129,7 @@ def test_the_history_cache_bound_is_a_setting_in_mib(tmp_path: Path) -> None:
     from dormant.errors import ConfigurationError
     from dormant.models import ScriptedModel, reply
 
-    assert Settings().history_cache_mib == 32.0
+    assert Settings().history_cache_mib == 8.0
     settings = Settings.from_env({"DORMANT_HISTORY_CACHE_MIB": "0.5"})
     assert settings.history_cache_bytes == 512 * 1024
     with pytest.raises(ConfigurationError, match="history_cache_mib"):
