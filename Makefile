@@ -92,6 +92,7 @@ bench-full: bench-env
 		--out bench/results/full/celery.json
 	$(BIN)/python bench/idle_scale.py --threads 1000,1000000 --out bench/results/full/idle_scale.json
 	$(BIN)/python bench/burst.py --agents 2000 --rpm 400 --out bench/results/full/burst.json
+	$(BIN)/python bench/history_cache.py --out bench/results/full/history_cache.json
 	$(BENCH_PLOT)/bin/python bench/plots.py --results bench/results/full --out bench/results/full
 	$(BIN)/python bench/summary.py --results bench/results/full $(BENCH_BEFORE_ARG)
 

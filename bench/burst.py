@@ -1,8 +1,8 @@
 """A webhook burst against a rate-limited provider, without and with admission control.
 
     python bench/burst.py [--agents 500] [--rpm 100] [--tpm N] [--users 5] [--user-after-s 10]
-        [--runs without,with] [--limiter bucket|window] [--burst-priority background|interactive]
-        [--out FILE]
+        [--runs without,with,before] [--before-code DIR] [--limiter bucket|window]
+        [--burst-priority background|interactive] [--out FILE]
 
 The scenario of issue 23: one real ``dormant worker -c 8`` and ``dormant beat`` with default
 settings, a local OpenAI-compatible server (``bench/burst_provider.py``) that allows
@@ -18,7 +18,15 @@ answer committed) against the limit's ideal, 429s the server answered, worker sl
 spent asleep in retry backoff (the workers' admission counter ``asleep_s``),
 utilisation of the limit (requests served / (RPM x minutes)), user text sent → the server's
 first chunk for it and → its answer committed (p50), the longest gap between two sweeps
-(beat stamps each sweep in Redis; the driver polls it), and whether every agent finished.
+(beat stamps each sweep in Redis; the driver polls it), whether every agent finished, and
+what the burst cost the worker: slice tasks run (a Celery retry is a task of its own), and
+per model call (requests the server received), Celery retries of slice tasks, and
+deferrals that called no model (slices that ended for want of capacity, less the 429s).
+
+``--runs before`` is the "with" run on other code: ``--before-code DIR`` is a directory
+holding an earlier tree's ``dormant`` package (``git archive <commit> dormant | tar -x -C
+DIR``), put first on the worker's and beat's ``PYTHONPATH``, so a change is measured
+beside its baseline in the same run.
 """
 
 from __future__ import annotations
@@ -41,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from burst_app import MODEL
+from burst_app import COUNTERS, MODEL
 from burst_provider import RateLimitedProvider
 from celery_bench import HERE, database
 from rich.console import Console
@@ -110,8 +118,11 @@ class SweepWatch:
 class Deployment:
     """One run's worker, beat, client and counters, on its own database and prefix."""
 
-    def __init__(self, env: dict[str, str], redis_url: str, log: Path) -> None:
+    def __init__(
+        self, env: dict[str, str], redis_url: str, log: Path, code: Path | None = None
+    ) -> None:
         self.env = env
+        self.code = code
         self.client = Client.from_env(env)
         self.redis = redis.Redis.from_url(redis_url, decode_responses=True)
         self.prefix = env["DORMANT_KEY_PREFIX"]
@@ -121,7 +132,8 @@ class Deployment:
         self.log = log
 
     def start(self, *argv: str) -> None:
-        env = {**os.environ, **self.env, "PYTHONPATH": str(HERE)}
+        path = str(HERE) if self.code is None else f"{self.code}{os.pathsep}{HERE}"
+        env = {**os.environ, **self.env, "PYTHONPATH": path}
         with self.log.open("ab") as log:
             self.procs.append(
                 subprocess.Popen([str(BIN / "dormant"), *argv], env=env, stdout=log, stderr=log)
@@ -136,6 +148,10 @@ class Deployment:
         """One of the workers' admission counters (``stores/redis_limiter.py``): kept with
         and without limits, so both runs count their slots' seconds asleep in backoff."""
         return float(self.redis.hget(f"{self.prefix}:admission", name) or 0)
+
+    def tasks(self, name: str) -> int:
+        """One of the bench's counters of slice tasks (``burst_app.py``)."""
+        return int(self.redis.hget(f"{self.prefix}:{COUNTERS}", name) or 0)
 
     def answered(self, prefix: str, turns: int = 1) -> dict[str, float]:
         """Threads whose id starts with ``prefix`` that have ``turns`` assistant turns, and
@@ -182,7 +198,11 @@ def wait_for(what: str, done: Any, deployment: Deployment, timeout_s: float) -> 
 
 @contextmanager
 def deployment(
-    args: argparse.Namespace, scenario: Scenario, admission: bool, provider_url: str
+    args: argparse.Namespace,
+    scenario: Scenario,
+    admission: bool,
+    provider_url: str,
+    code: Path | None = None,
 ) -> Iterator[Deployment]:
     redis_url = f"{args.redis_host}/{args.redis_db}"
     prefix = f"dormant_burst_{secrets.token_hex(4)}"
@@ -202,14 +222,16 @@ def deployment(
             env |= admission_env(scenario, provider_url)
         log = HERE / "results" / "burst-workers.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        d = Deployment(env, redis_url, log)
+        d = Deployment(env, redis_url, log, code)
         try:
             yield d
         finally:
             d.close()
 
 
-def run(args: argparse.Namespace, scenario: Scenario, admission: bool) -> dict[str, Any]:
+def run(
+    args: argparse.Namespace, scenario: Scenario, admission: bool, code: Path | None = None
+) -> dict[str, Any]:
     provider = RateLimitedProvider(
         scenario.rpm,
         scenario.tpm,
@@ -219,7 +241,7 @@ def run(args: argparse.Namespace, scenario: Scenario, admission: bool) -> dict[s
         chunk_s=scenario.chunk_s,
     )
     try:
-        with deployment(args, scenario, admission, provider.base_url) as d:
+        with deployment(args, scenario, admission, provider.base_url, code) as d:
             return _run(d, scenario, provider)
     finally:
         provider.close()
@@ -240,6 +262,9 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
     )
     asleep_before = d.admission("asleep_s")
     deferred_before = d.admission("deferred")
+    limited_before = d.admission("rate_limited")
+    tasks_before = d.tasks("slice_tasks")
+    retries_before = d.tasks("retries")
 
     sent_at: dict[str, float] = {}
     texts: dict[str, str] = {}
@@ -287,6 +312,8 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
     ]
     committed = [user_done[t] - sent_at[t] for t in users if t in user_done]
     asleep_s = d.admission("asleep_s") - asleep_before
+    deferred = d.admission("deferred") - deferred_before
+    slice_tasks = d.tasks("slice_tasks") - tasks_before
     return {
         "wall_s": wall_s,
         "ideal_s": ideal_s,
@@ -294,7 +321,11 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
         "requests": len(window),
         "served": served,
         "answered_429": len(window) - served,
-        "deferred": d.admission("deferred") - deferred_before,
+        "deferred": deferred,
+        "deferred_no_model": deferred - (d.admission("rate_limited") - limited_before),
+        "slice_tasks": slice_tasks,
+        "slice_tasks_per_call": slice_tasks / len(window) if window else None,
+        "retries": d.tasks("retries") - retries_before,
         "asleep_s": asleep_s,
         "asleep_share": asleep_s / (s.concurrency * wall_s),
         "utilisation": served / (s.rpm * wall_s / 60),
@@ -331,7 +362,8 @@ def report(s: Scenario, runs: dict[str, dict[str, Any]]) -> None:
     table = Table(title=title)
     table.add_column("measure")
     for name in runs:
-        table.add_column(f"{name} admission", justify="right")
+        label = "with admission, --before-code" if name == "before" else f"{name} admission"
+        table.add_column(label, justify="right")
     for label, cells in _rows(s, runs):
         table.add_row(label, *cells)
     console.print(table)
@@ -364,12 +396,22 @@ def _rows(s: Scenario, runs: dict[str, dict[str, Any]]) -> list[tuple[str, list[
             "user text: send → answer committed (p50)",
             [_seconds(r["committed_p50_s"]) for r in every],
         ),
+        (
+            "slice tasks (per model call)",
+            [f"{r['slice_tasks']} ({_ratio(r['slice_tasks_per_call'])})" for r in every],
+        ),
+        ("Celery retries of slice tasks", [str(r["retries"]) for r in every]),
+        ("deferrals that called no model", [f"{r['deferred_no_model']:.0f}" for r in every]),
         ("longest time with no sweep run", [_seconds(r["longest_sweep_gap_s"]) for r in every]),
         (
             "all agents finished",
             [_finished(r, s.agents) for r in every],
         ),
     ]
+
+
+def _ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def _asleep(r: dict[str, Any]) -> str:
@@ -409,6 +451,11 @@ def main() -> None:
     parser.add_argument("--reply-words", type=int, default=40)
     parser.add_argument("--chunk-s", type=float, default=0.02)
     parser.add_argument("--runs", default="without,with")
+    parser.add_argument(
+        "--before-code",
+        type=Path,
+        help="a directory holding an earlier tree's dormant package, for --runs before",
+    )
     parser.add_argument("--postgres-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--redis-host", default="redis://127.0.0.1:6379")
     parser.add_argument("--redis-db", type=int, default=12)
@@ -437,10 +484,14 @@ def main() -> None:
         "runs": {},
     }
     for name in args.runs.split(","):
-        if name not in ("without", "with"):
-            parser.error(f"--runs takes without and/or with, not {name!r}")
-        with console.status(f"{name} admission: {scenario.agents} agents"):
-            results["runs"][name] = run(args, scenario, admission=name == "with")
+        if name not in ("without", "with", "before"):
+            parser.error(f"--runs takes without, with and before, not {name!r}")
+        if name == "before" and (args.before_code is None or not args.before_code.is_dir()):
+            parser.error("--runs before needs --before-code DIR (an earlier tree's package)")
+        code = args.before_code.resolve() if name == "before" else None
+        with console.status(f"{name}: {scenario.agents} agents"):
+            results["runs"][name] = run(args, scenario, admission=name != "without", code=code)
+        results["runs"][name]["code"] = str(code) if code else "this tree"
     results["load_after"] = os.getloadavg()
     report(scenario, results["runs"])
     args.out.parent.mkdir(parents=True, exist_ok=True)

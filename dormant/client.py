@@ -129,7 +129,10 @@ class Client(BaseClient):
         redis = redis_client(settings)
         # The agents of threads this client launched or read name their slices in Flower.
         store = LabelledSQLStore(
-            settings.database_url, TaskLabels(), table_prefix=settings.table_prefix
+            settings.database_url,
+            TaskLabels(),
+            table_prefix=settings.table_prefix,
+            history_cache_bytes=settings.history_cache_bytes,
         )
         try:  # before Redis and the broker: nothing else to close if it refuses
             ahead = store.check_schema(at_start=True)

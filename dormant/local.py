@@ -49,14 +49,20 @@ log = logging.getLogger("dormant.local")
 Listener = Callable[[Event], None]
 
 
-def open_store(database_url: str, table_prefix: str = "") -> Store:
-    """A store for ``database_url``: ``memory://`` or an SQL URL (migrated to head)."""
+def open_store(
+    database_url: str, table_prefix: str = "", history_cache_bytes: int | None = None
+) -> Store:
+    """A store for ``database_url``: ``memory://`` or an SQL URL (migrated to head), whose
+    history cache holds ``history_cache_bytes`` (``Settings.history_cache_bytes``; None:
+    the store's default)."""
     if database_url.startswith("memory:"):
         return MemoryStore()
+    from dormant.stores.sql.items import ITEM_CACHE_BYTES
     from dormant.stores.sql.store import SQLStore, upgrade
 
     upgrade(database_url, table_prefix=table_prefix)
-    return SQLStore(database_url, table_prefix=table_prefix)
+    cache = ITEM_CACHE_BYTES if history_cache_bytes is None else history_cache_bytes
+    return SQLStore(database_url, table_prefix=table_prefix, history_cache_bytes=cache)
 
 
 class _EventLog:
@@ -108,7 +114,9 @@ class LocalSystem(BaseClient):
         if database_url is not None:
             settings = settings.with_(database_url=database_url)
         if store is None:
-            store = open_store(settings.database_url, settings.table_prefix)
+            store = open_store(
+                settings.database_url, settings.table_prefix, settings.history_cache_bytes
+            )
             settings = settings.with_local_secret()
         else:  # the caller's store: its database is not known here
             settings = settings.with_ephemeral_secret()

@@ -46,6 +46,7 @@ ENV_NAMES = {
     "debug": "DORMANT_DEBUG",
     "webhook_secrets": "DORMANT_WEBHOOK_SECRETS",
     "max_history_bytes": "DORMANT_MAX_HISTORY_BYTES",
+    "history_cache_mib": "DORMANT_HISTORY_CACHE_MIB",
     "max_inbox_depth": "DORMANT_MAX_INBOX_DEPTH",
     "slice_deadline_s": "DORMANT_SLICE_DEADLINE_S",
     "quarantine_after_failures": "DORMANT_QUARANTINE_AFTER_FAILURES",
@@ -87,6 +88,14 @@ class Settings:
     max_history_bytes: int = 16 * 1024 * 1024
     """A thread's model-visible history (JSON bytes, after compaction): a slice that would
     send more to the model fails with ``HistoryTooLarge`` (recorded; 0 turns it off)."""
+    history_cache_mib: float = 8.0
+    """MiB of history items (their JSON bytes) an SQL store keeps decoded in the process,
+    least recently used thread out first, so a busy thread's slice reads only the items
+    committed since its last one (``stores/sql/items.py``). A worker's memory for it grows
+    up to about twice this (the items' objects beside their JSON); 0 turns it off. Size it
+    to the threads a worker serves in turn: a cache smaller than them is read through (LRU)
+    and buys little. The default, from ``bench/history_cache.py``'s curve
+    (docs/benchmarks.md), holds about 140 threads of 20 turns."""
     max_inbox_depth: int = 1000
     """Messages waiting in one thread's inbox (pending or deferred): user text and events
     past it are refused with ``InboxFull``; tool results never are (0 turns it off)."""
@@ -216,6 +225,8 @@ class Settings:
             )
         if self.tool_max_runs < 1:
             raise ConfigurationError("tool_max_runs must be at least 1")
+        if self.history_cache_mib < 0:
+            raise ConfigurationError("history_cache_mib must not be negative (0 turns it off)")
         if self.max_message_bytes < 1024:
             raise ConfigurationError("max_message_bytes must be at least 1024")
         _check_scheme("DORMANT_BROKER_URL", self.broker_url, BROKER_SCHEMES)
@@ -248,6 +259,11 @@ class Settings:
                 values[name] = raw
         values.update(overrides)
         return cls(**values)
+
+    @property
+    def history_cache_bytes(self) -> int:
+        """``history_cache_mib`` in bytes, as ``SQLStore`` takes it."""
+        return int(self.history_cache_mib * 1024 * 1024)
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)

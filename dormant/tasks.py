@@ -126,7 +126,10 @@ class Runtime:
         client = redis_client(settings)
         prefix = settings.key_prefix
         store = LabelledSQLStore(
-            settings.database_url, TaskLabels(), table_prefix=settings.table_prefix
+            settings.database_url,
+            TaskLabels(),
+            table_prefix=settings.table_prefix,
+            history_cache_bytes=settings.history_cache_bytes,
         )
         dedup = RedisDedup(client, prefix, settings.dedup_ttl_s)
         marks = RedisWakeMarks(client, prefix, wake_mark_ttl_s(settings))
@@ -156,6 +159,7 @@ class Runtime:
             ending=ending,
             limiter=limiter,
             whereabouts=whereabouts,
+            wakes_at_place_s=RETRY_COUNTDOWN_MAX_S,  # the slice task's retry, below
         )
         closing = Closing(store, dispatcher, lease, events)
         sweep = SweepParts(
@@ -269,7 +273,9 @@ capacity (``Deferred``) whose place comes within it, is retried by Celery at tha
 (RETRY in Flower): a deferred thread asks again on time, not at the sweep after its place,
 which would bring a sweep interval's places to the provider at once. A longer wait is left
 to the sweeper, which wakes the thread once its ``retry_at`` passes, so no task waits long
-in a worker's memory as an ETA."""
+in a worker's memory as an ETA. A deferral retried so is stored as not before a little
+after its place (``SliceDeps.wakes_at_place_s``, ``PLACE_BACKSTOP_S``): the sweeper then
+wakes it only if the retry's task was lost, not beside it."""
 
 
 CLAIM_RETRIES = 8
@@ -339,9 +345,10 @@ def register_tasks(celery_app: Celery, runtime: Callable[[], Runtime]) -> None:
                 raise SliceFailed(thread_id, note, stalled=False)
             case Failed(error=error):
                 raise SliceFailed(thread_id, error, stalled=False)
-            case Deferred(not_before=not_before):
-                countdown_s = (not_before - datetime.now(UTC)).total_seconds()
-                if countdown_s <= RETRY_COUNTDOWN_MAX_S:  # asks again at its place, on time
+            case Deferred(not_before=not_before, wait_s=wait_s):
+                # asks again at its place, on time; the sweeper is its backstop (admission.py)
+                if wait_s <= RETRY_COUNTDOWN_MAX_S:
+                    countdown_s = (not_before - datetime.now(UTC)).total_seconds()
                     raise self.retry(countdown=max(0.0, countdown_s))
             case Stalled(error=error):
                 raise SliceFailed(thread_id, error, stalled=True)

@@ -17,7 +17,7 @@ from dormant.messages import Item, UserMessage, UserText
 from dormant.models import OpenAIModel, RateLimit, ScriptedModel, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.rate_limit import ProviderLimits, provider_limits
-from dormant.runtime.admission import limit_for
+from dormant.runtime.admission import PLACE_BACKSTOP_S, limit_for
 from dormant.runtime.limiter import Ask, MemoryLimiter
 from dormant.runtime.slice import Deferred, Idle
 from dormant.runtime.sweeper import sweep_once
@@ -309,6 +309,36 @@ def test_a_slice_refused_admission_ends_at_once_and_finishes_when_capacity_retur
     }
 
 
+def test_a_deferral_its_runner_wakes_at_its_place_has_the_sweeper_only_as_backstop(
+    store: Store,
+) -> None:
+    """Issue 35: a Celery worker retries a deferred slice at its place (a countdown); the
+    sweeper used to wake the thread at that place too, a second slice task whenever the
+    retry had not yet taken the lease. Now it wakes it only ``PLACE_BACKSTOP_S`` later,
+    when the retry was lost (its worker died), and the thread still gets its answer."""
+    model = ScriptedModel(lambda items: reply("done"))
+    h = Harness(Agent("a", model=model), store=store)
+    clock = Clock()
+    _limited(h, RateLimit(rpm=1, reserve=0.0), clock)
+    h.deps = replace(h.deps, wakes_at_place_s=60.0)  # as tasks.py's Runtime sets it
+    first = _launch(h, "first", Priority.BACKGROUND)
+    second = _launch(h, "second", Priority.BACKGROUND)
+    assert isinstance(h.step(first), Idle)
+    outcome = h.step(second)
+    assert isinstance(outcome, Deferred) and outcome.wait_s == pytest.approx(60)
+    assert store.thread(second).retry_at == outcome.not_before + timedelta(seconds=PLACE_BACKSTOP_S)
+    now = datetime.now(UTC)
+    clock.now_s += 60
+    assert _sweep_at(store, h, now + timedelta(seconds=61)) == []  # its retry wakes it
+    # the worker holding the retry died: the sweeper wakes it, and it claims its place
+    later = now + timedelta(seconds=61 + PLACE_BACKSTOP_S)
+    assert _sweep_at(store, h, later) == [(second, Priority.BACKGROUND)]
+    clock.now_s += PLACE_BACKSTOP_S
+    assert isinstance(h.step(second), Idle)
+    assert [row.state for row in store.inbox(second)] == [InboxState.DONE]
+    assert len(model.requests) == 2
+
+
 class _TooManyRequests:
     """A provider answering 429 with ``Retry-After: 30`` until told otherwise."""
 
@@ -339,8 +369,9 @@ def test_a_429_with_retry_after_defers_the_thread_without_sleeping(store: Store)
     assert isinstance(outcome, Deferred) and outcome.wait_s == pytest.approx(30)
     assert slept == [] and model.calls == 1
     assert store.thread(thread_id).failures == 0
-    # the bucket is drained for everyone until the provider's time
-    assert limiter.acquire("scripted", RateLimit(rpm=100), _ask()) == pytest.approx(30)
+    # the bucket is drained for everyone until the provider's time, and refills only then:
+    # background work is told the refill too (a request and the 5 left to user text)
+    assert limiter.acquire("scripted", RateLimit(rpm=100), _ask()) == pytest.approx(30 + 3.6)
     clock.now_s += 31  # refilled from the provider's time on: one request after 0.6 s
     model.limited = False
     assert isinstance(h.step(thread_id), Idle)
@@ -461,6 +492,44 @@ def test_a_deferred_burst_runs_at_the_configured_rate(store: Store, late_s: floa
     assert max(finished_s) <= ideal_s + reserve_s + late_s + 1
     assert max(asked.values()) <= 2  # refused once, admitted at its place
     assert len(model.requests) == 30
+
+
+def test_when_the_queue_falls_behind_each_due_thread_is_told_its_turn_once(
+    store: Store,
+) -> None:
+    """Issue 35: a 429 blocks the bucket after the places were given, so the queue falls
+    behind them. Each thread woken at its place used to be told to come back when the pace
+    had refilled by one call: every due thread came back each 0.6 s and all but one were
+    refused again (about ten slice tasks a thread under issue 23's burst). Told when the
+    pace will have paid for the places ahead of it too, each comes back about once."""
+    model = ScriptedModel(lambda items: reply("done"))
+    h = Harness(Agent("a", model=model), store=store)
+    clock = Clock()
+    limit = RateLimit(rpm=60, tpm=60 * 2000, reserve=0.05)
+    limiter = _limited(h, limit, clock)
+    limiter.feedback("scripted", limit, ProviderLimits(retry_after_s=0.0))  # empty: a 429
+    threads = [_launch(h, f"event {n}", Priority.BACKGROUND) for n in range(30)]
+    started_s = clock.now_s
+    due = {thread_id: started_s for thread_id in threads}
+    asked: dict[str, int] = dict.fromkeys(threads, 0)
+    blocked = False
+    while due:
+        thread_id = min(due, key=lambda t: due[t])
+        clock.now_s = due.pop(thread_id)
+        if not blocked and clock.now_s > started_s + 10:  # the provider says: wait 8 s
+            limiter.feedback("scripted", limit, ProviderLimits(retry_after_s=8.0))
+            blocked = True
+        asked[thread_id] += 1
+        outcome = h.step(thread_id)
+        if isinstance(outcome, Deferred):
+            due[thread_id] = clock.now_s + outcome.wait_s
+        else:
+            assert isinstance(outcome, Idle)
+    assert blocked and len(model.requests) == 30
+    # refused at launch, at its place (the queue is behind), admitted at its turn; a few
+    # meet a turn taken by one whose place was a little earlier
+    assert sum(asked.values()) <= 3 * 30 + 5
+    assert max(asked.values()) <= 4
 
 
 def test_a_local_system_with_limits_finishes_every_thread() -> None:

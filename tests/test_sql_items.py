@@ -118,3 +118,38 @@ def test_an_entry_extended_by_a_later_read_is_measured_as_a_whole() -> None:
     cache.keep(info("a", version=3), first + items(3))  # fills the cache exactly
     cache.keep(info("b"), items(1))
     assert cache.known(info("a", version=3)) == () and cache.known(info("b")) == items(1)
+
+
+def test_the_history_cache_bound_is_a_setting_in_mib(tmp_path: Path) -> None:
+    """Issue 35, part 3: ``DORMANT_HISTORY_CACHE_MIB`` bounds the cache of the store a
+    ``LocalSystem`` (and a worker, and a client) opens; 0 turns it off."""
+    import pytest
+
+    from dormant import Agent, LocalSystem, Settings
+    from dormant.errors import ConfigurationError
+    from dormant.models import ScriptedModel, reply
+
+    assert Settings().history_cache_mib == 8.0
+    settings = Settings.from_env({"DORMANT_HISTORY_CACHE_MIB": "0.5"})
+    assert settings.history_cache_bytes == 512 * 1024
+    with pytest.raises(ConfigurationError, match="history_cache_mib"):
+        Settings(history_cache_mib=-1)
+    agent = Agent("a", model=ScriptedModel(lambda items: reply("done")))
+    tiny = settings.with_(history_cache_mib=16 / 1024 / 1024)  # 16 bytes: no item fits
+    for bound, cached in ((tiny, ()), (settings.with_(history_cache_mib=0), ())):
+        url = f"sqlite:///{tmp_path / f'{bound.history_cache_bytes}.db'}"
+        with LocalSystem([agent], url, settings=bound) as system:
+            thread_id = system.launch("a", "hello")
+            system.run_until_idle(timeout_s=30)
+            store = system.store
+            assert isinstance(store, SQLStore)
+            snap = store.load(thread_id)  # its history: larger than either bound
+            assert len(snap.items) == 2
+            assert store._items.known(snap.thread) == cached
+    with LocalSystem([agent], f"sqlite:///{tmp_path / 'default.db'}", settings=settings) as system:
+        thread_id = system.launch("a", "hello")
+        system.run_until_idle(timeout_s=30)
+        store = system.store
+        assert isinstance(store, SQLStore)
+        snap = store.load(thread_id)
+        assert store._items.known(snap.thread) == tuple(snap.items)  # 0.5 MiB holds it

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import TypeVar
 
 from dormant.stores.base import CallRecord, Commit, NewThread, OutboxRow, Snapshot, ThreadInfo
+from dormant.stores.sql.items import ITEM_CACHE_BYTES
 from dormant.stores.sql.store import SQLStore
 
 __all__ = ["LabelledSQLStore", "TaskLabels"]
@@ -82,8 +83,17 @@ def _put(entries: OrderedDict[_K, str], key: _K, value: str, max_entries: int) -
 class LabelledSQLStore(SQLStore):
     """``SQLStore`` that notes agents and tool names in ``labels`` as rows pass through."""
 
-    def __init__(self, database_url: str, labels: TaskLabels, *, table_prefix: str = "") -> None:
-        super().__init__(database_url, table_prefix=table_prefix)
+    def __init__(
+        self,
+        database_url: str,
+        labels: TaskLabels,
+        *,
+        table_prefix: str = "",
+        history_cache_bytes: int = ITEM_CACHE_BYTES,
+    ) -> None:
+        super().__init__(
+            database_url, table_prefix=table_prefix, history_cache_bytes=history_cache_bytes
+        )
         self.labels = labels
 
     def create_thread(self, thread: NewThread) -> ThreadInfo:

@@ -34,12 +34,13 @@ from dormant.models.base import ChunkSink, Completion, Model, ModelRequest
 from dormant.models.retry import backoff_s, complete_with_retry
 from dormant.rate_limit import ProviderLimits, RateLimit
 from dormant.runtime.deps import SliceDeps
-from dormant.runtime.limiter import THROTTLED_S, Ask, Limiter
+from dormant.runtime.limiter import PLACE_KEPT_S, THROTTLED_S, Ask, Limiter
 from dormant.runtime.outcomes import Deferred
 from dormant.settings import Settings
 from dormant.stores.base import Store
 
 __all__ = [
+    "PLACE_BACKSTOP_S",
     "PLACE_WAKE_EARLY_S",
     "Caller",
     "complete_admitted",
@@ -56,6 +57,14 @@ PLACE_WAKE_EARLY_S = 30.0
 come a sweep interval late, in batches) then wakes the thread before its place, the limiter
 answers the rest of the wait, and the worker waits that as a short countdown, so the thread
 asks on time, one at a time, instead of with the sweep's batch."""
+PLACE_BACKSTOP_S = 10.0
+"""A deferred thread that whoever runs its slices wakes at its place itself
+(``SliceDeps.wakes_at_place_s``: a Celery worker retries the slice with that countdown) is
+stored as not before this long after its place: the sweeper wakes it then only if that
+wake was lost (the worker holding the countdown's task died), and it still claims its
+place, which is kept ``PLACE_KEPT_S``. Stored at its place, the sweeper woke it there too:
+a second slice task whenever the countdown's slice had not yet taken the lease."""
+assert PLACE_BACKSTOP_S < PLACE_KEPT_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,10 +205,16 @@ def _counted(sleep: Callable[[float], None], limiter: Limiter | None) -> Callabl
 
 def defer(deps: SliceDeps, throttled: Throttled) -> Deferred:
     """End the slice for want of capacity: the thread's messages stay queued, and the
-    sweeper leaves it alone until its "not before" time (no failure is counted)."""
-    not_before = deps.clock() + timedelta(seconds=throttled.wait_s)
-    early_s = PLACE_WAKE_EARLY_S if throttled.wait_s > 2 * PLACE_WAKE_EARLY_S else 0.0
-    deps.store.defer(throttled.thread_id, not_before - timedelta(seconds=early_s))
+    sweeper leaves it alone until its "not before" time (no failure is counted): its place,
+    ``PLACE_WAKE_EARLY_S`` before a distant one, or ``PLACE_BACKSTOP_S`` after one that
+    whoever runs the slices wakes it at (``SliceDeps.wakes_at_place_s``)."""
+    wait_s = throttled.wait_s
+    not_before = deps.clock() + timedelta(seconds=wait_s)
+    if wait_s <= deps.wakes_at_place_s:
+        stored_s = PLACE_BACKSTOP_S  # the runner wakes it on time; the sweeper if that is lost
+    else:
+        stored_s = -PLACE_WAKE_EARLY_S if wait_s > 2 * PLACE_WAKE_EARLY_S else 0.0
+    deps.store.defer(throttled.thread_id, not_before + timedelta(seconds=stored_s))
     if deps.limiter is not None:
         deps.limiter.count("deferred")
     log.debug(

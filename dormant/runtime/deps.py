@@ -85,6 +85,11 @@ class SliceDeps:
     whereabouts: Whereabouts | None = None
     """The roster of workers, asked when this process lacks a thread's agent
     (``runtime/whereabouts.py``); None: a missing agent stalls the thread at once."""
+    wakes_at_place_s: float = 0.0
+    """A thread deferred for model capacity whose place comes within this long is woken at
+    it by whoever runs the slices (a Celery worker retries the slice with that countdown),
+    so the sweeper is only its backstop (``runtime/admission.py``, ``PLACE_BACKSTOP_S``);
+    0: the sweeper wakes every deferred thread."""
 
     def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
         ending = self.ending or SeparateEnd(self.dedup, self.events, self.lease)

@@ -19,7 +19,11 @@ most threads. A place is kept: the holder (its thread) asking again at or after 
 is next in line, before every later place and every background ask without one, and when
 the bucket cannot pay for it and the places ahead of it yet (each call must still leave the
 reserve), it keeps its place and is told when the bucket will have capacity for it, so a
-thread woken on time is never sent to the back of the queue. Token
+thread woken on time is never sent to the back of the queue. Refused by the pace, it is
+told to come back when the pace will have paid for the places ahead of it too, not for
+itself alone: when the queue has fallen behind its places (a 429's block, user text using
+the reserve), every due holder used to come back each time the pace refilled by one call,
+and all but one were refused again (issue 35: about ten slice tasks a thread). Token
 places are spaced by the tokens calls have been using (a running mean of the completions'
 usage), not by the upper-bound estimate each call is admitted with. User text gets no place
 in a queue: refused (its reserve spent), it waits only until the bucket can take it, ahead
@@ -264,22 +268,27 @@ def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, ahead: int) 
     the longest of their waits."""
     share = 0.0 if ask.interactive else limit.reserve
     wait_s = max(0.0, state.blocked_until_s - now)
+    # After a 429 the levels refill only from the provider's time: a background ask is told
+    # that much more, so the threads it blocked come back in their turns, not all at once.
+    refill_s = 0.0 if ask.interactive else max(0.0, state.at_s - now)
     if limit.rpm:
         need = min(limit.rpm, 1 + math.ceil(limit.rpm * share) + ahead)
         if state.requests < need:
-            wait_s = max(wait_s, (need - state.requests) * 60 / limit.rpm)
-        if not ask.interactive and state.paced_requests < 1:
+            wait_s = max(wait_s, refill_s + (need - state.requests) * 60 / limit.rpm)
+        if not ask.interactive and state.paced_requests < 1:  # its turn: after those ahead
             paced_rpm = limit.rpm * limit.paced_share
-            wait_s = max(wait_s, (1 - state.paced_requests) * 60 / paced_rpm)
+            owed = 1 + ahead - state.paced_requests
+            wait_s = max(wait_s, refill_s + owed * 60 / paced_rpm)
     if limit.tpm:
         spaced = _spaced_tokens(ask.tokens, state.used_tokens)
         need = min(limit.tpm, ask.tokens + limit.tpm * share + ahead * spaced)
         if state.tokens < need:
-            wait_s = max(wait_s, (need - state.tokens) * 60 / limit.tpm)
+            wait_s = max(wait_s, refill_s + (need - state.tokens) * 60 / limit.tpm)
         paced = min(spaced, limit.paced_tokens)
         if not ask.interactive and state.paced_tokens < paced:
             paced_tpm = limit.tpm * limit.paced_share
-            wait_s = max(wait_s, (paced - state.paced_tokens) * 60 / paced_tpm)
+            owed = paced + ahead * paced - state.paced_tokens
+            wait_s = max(wait_s, refill_s + owed * 60 / paced_tpm)
     if limit.concurrency:
         usable = limit.concurrency - _reserved_slots(limit.concurrency, share)
         if len(state.slots) >= usable:

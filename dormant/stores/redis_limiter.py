@@ -105,19 +105,23 @@ if not interactive then
   ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.3f', before))
 end
 local wait = math.max(0, blocked - now)
+-- after a 429 the levels refill only from the provider's time: background is told that too
+local refill = 0
+if not interactive then refill = math.max(0, at - now) end
 local paced = math.min(spaced, ptcap)  -- a call's tokens as the pace counts them
 if rpm > 0 then
   local need = math.min(rpm, 1 + math.ceil(rpm * share) + ahead)
-  if r < need then wait = math.max(wait, (need - r) * 60000 / rpm) end
-  if not interactive and pr < 1 then
-    wait = math.max(wait, (1 - pr) * 60000 / (rpm * (1 - reserve)))
+  if r < need then wait = math.max(wait, refill + (need - r) * 60000 / rpm) end
+  if not interactive and pr < 1 then  -- its turn: after the places ahead of it too
+    wait = math.max(wait, refill + (1 + ahead - pr) * 60000 / (rpm * (1 - reserve)))
   end
 end
 if tpm > 0 then
   local need = math.min(tpm, tokens + tpm * share + ahead * spaced)
-  if tk < need then wait = math.max(wait, (need - tk) * 60000 / tpm) end
+  if tk < need then wait = math.max(wait, refill + (need - tk) * 60000 / tpm) end
   if not interactive and pt < paced then
-    wait = math.max(wait, (paced - pt) * 60000 / (tpm * (1 - reserve)))
+    local owed = paced + ahead * paced - pt
+    wait = math.max(wait, refill + owed * 60000 / (tpm * (1 - reserve)))
   end
 end
 if conc > 0 then

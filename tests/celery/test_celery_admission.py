@@ -106,6 +106,50 @@ def test_a_burst_past_the_providers_rpm_finishes_with_almost_no_429_and_users_fi
         assert [i.kind for i in client.history(thread_id)] == ["user", "assistant"]
 
 
+def test_threads_a_killed_worker_was_to_wake_at_their_places_are_woken_by_the_sweeper(
+    deploy: Callable[..., Deployment],
+) -> None:
+    """Issue 35: a deferred thread is woken at its place by its slice's Celery retry (a
+    countdown held by the worker that deferred it), and the sweeper wakes it only
+    ``PLACE_BACKSTOP_S`` after its place, as a backstop. Kill that worker (SIGKILL) while it
+    holds the retries, start another: every thread still gets its one answer, from the
+    sweeper's backstop (the broker would redeliver the unacknowledged retries only after
+    its visibility timeout, an hour)."""
+    rpm = 30  # places two seconds apart: every deferral is a countdown the worker holds
+    burst = 12
+    with RateLimitedProvider(rpm) as server:
+        d = deploy(
+            DORMANT_AGENTS="admission_agents",
+            TEST_FAKE_OPENAI_URL=server.base_url,
+            DORMANT_RATE_LIMITS=json.dumps({server.base_url: {"rpm": rpm}}),
+        )
+        first_worker = d.start_worker("w1", concurrency=4)
+        d.start_beat()
+        d.wait_ready(first_worker)
+        client = d.client()
+        ids = [client.launch("limited", "go", priority="background") for _ in range(burst)]
+        limiter = RedisLimiter(d.redis, d.prefix)
+        wait_until(
+            lambda: limiter.counters()["deferred"] >= burst // 2, 60, "the burst to be deferred"
+        )
+        d.expected_deaths.add(first_worker.name)
+        first_worker.kill()  # with its countdown retries, unacknowledged
+        waiting = [t for t in ids if client.thread(t).retry_at is not None]
+        assert waiting, "no thread was waiting for its place when the worker died"
+        second_worker = d.start_worker("w2", concurrency=4)
+        d.wait_ready(second_worker)
+        wait_until(
+            lambda: all(row.state is InboxState.DONE for t in ids for row in client.store.inbox(t)),
+            90,
+            "every thread of the burst to be answered after the kill",
+            poll_s=0.5,
+        )
+    for thread_id in ids:
+        assert [i.kind for i in client.history(thread_id)] == ["user", "assistant"]
+    # a slice killed in its model call runs it again: the history still has one answer
+    assert burst <= server.answered <= burst + 4
+
+
 def test_flushing_redis_mid_burst_resets_the_limits_and_loses_no_thread(
     deploy: Callable[..., Deployment],
 ) -> None:

@@ -205,6 +205,30 @@ def test_a_place_is_kept_and_paid_in_its_turn(redis_server: redis.Redis, prefix:
         wait_until(lambda: admitted() == 0, 5, f"{holder} in its turn")  # noqa: B023
 
 
+def test_a_due_holder_refused_by_the_pace_is_told_its_turn_after_those_ahead(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    """Issue 35: with places due and unclaimed ahead of it, a holder the pace refuses is
+    told when the pace will have paid for them too, not for itself alone (it used to come
+    back every time the pace refilled by one call, with every other due holder)."""
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=600, reserve=0.0, burst_s=0.1)  # the pace holds one call
+    assert limit.paced_requests == pytest.approx(1.0)
+    assert limiter.acquire("b", limit, Ask(10, "first", 30, False, "a")) == 0  # pace spent
+    asks = {h: Ask(10, f"slot-{h}", 30, False, "a", holder=h) for h in ("h0", "h1", "h2", "h3")}
+    assert all(limiter.acquire("b", limit, ask) > 0 for ask in asks.values())
+    last_ms = float(redis_server.zscore(f"{prefix}:limit:b:places", "h3"))  # type: ignore[arg-type]
+
+    def redis_ms() -> float:
+        seconds, micros = redis_server.time()
+        return float(seconds) * 1000 + micros / 1000
+
+    wait_until(lambda: redis_ms() > last_ms + 50, 5, "every place due")
+    assert limiter.acquire("b", limit, asks["h3"]) == 0  # a full pace: the first to ask
+    # h2 has h0 and h1 ahead of it: its turn is three calls of the pace away (0.1 s each)
+    assert 0.25 < limiter.acquire("b", limit, asks["h2"]) <= 0.301
+
+
 def test_a_redis_flush_resets_the_limits_and_loses_no_deferred_thread(
     redis_server: redis.Redis, prefix: str, celery_database_url: str
 ) -> None:

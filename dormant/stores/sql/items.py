@@ -30,9 +30,13 @@ from dormant.stores.rawitem import item_json
 
 __all__ = ["ITEM_CACHE_BYTES", "ItemCache"]
 
-ITEM_CACHE_BYTES = 32 * 1024 * 1024
-"""The items' JSON a store keeps, in bytes (least recently used thread out first): about
-550 threads of 20 turns of model text."""
+ITEM_CACHE_BYTES = 8 * 1024 * 1024
+"""The items' JSON a store keeps, in bytes (least recently used thread out first), unless
+told otherwise (``Settings.history_cache_mib``): about 140 threads of 20 turns of model
+text. Chosen from ``bench/history_cache.py``'s curve (docs/benchmarks.md): on SQLite, 300
+agents in waves of 100, 8 MiB ran 0.99 of 32 MiB's completions per CPU-second with 40 %
+of its memory per idle agent (39.6 KB against 99.9); 4 MiB, which held two thirds of a
+wave, 0.86, no cache at all 0.82. It was 32 MiB (about 550 such threads)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ from dormant.stores.sql import statements as rows
 from dormant.stores.sql.claims import SQLClaims
 from dormant.stores.sql.direct import direct_transaction, run, run_many
 from dormant.stores.sql.engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
-from dormant.stores.sql.items import ItemCache
+from dormant.stores.sql.items import ITEM_CACHE_BYTES, ItemCache
 from dormant.stores.sql.ledger import usage_by_agent
 from dormant.stores.sql.prepared import prepared
 from dormant.stores.sql.retention import SQLRetention, check_room
@@ -132,7 +132,14 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLTimerQuery, SchemaCheck):
     the database's schema is the one it was written for (``check_schema``).
     """
 
-    def __init__(self, database_url: str, *, echo: bool = False, table_prefix: str = "") -> None:
+    def __init__(
+        self,
+        database_url: str,
+        *,
+        echo: bool = False,
+        table_prefix: str = "",
+        history_cache_bytes: int = ITEM_CACHE_BYTES,
+    ) -> None:
         self._schema = schema(table_prefix)
         self._engine = make_engine(database_url, echo=echo)
         self._postgres = self._engine.dialect.name == "postgresql"
@@ -150,7 +157,7 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLTimerQuery, SchemaCheck):
         if memory:
             _migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
-        self._items = ItemCache()
+        self._items = ItemCache(max_bytes=history_cache_bytes)
 
     def on_connection(self, connection: Connection) -> SQLStore:
         """This store writing on the caller's connection, inside the caller's transaction:
