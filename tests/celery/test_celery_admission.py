@@ -182,9 +182,12 @@ def test_flushing_redis_mid_burst_resets_the_limits_and_loses_no_thread(
         )
         counters = limiter.counters()
         print(f"flushed mid-burst: {server.refused} 429s, counters since the flush {counters}")
-    assert server.answered == BURST  # each thread's one completion, none lost or doubled
+    # The flush took the leases of the slices in their model call at that moment: another
+    # slice may take such a thread and call its model again (the version guard keeps one
+    # answer). At most one repeat a slice in flight, so at most the worker's concurrency.
+    assert BURST <= server.answered <= BURST + 8
     assert counters["asleep_s"] == 0  # 429s after the flush defer too: no slot sleeps
-    for thread_id in ids:
+    for thread_id in ids:  # each thread's one completion, none lost or doubled
         assert [i.kind for i in client.history(thread_id)] == ["user", "assistant"]
 
 
