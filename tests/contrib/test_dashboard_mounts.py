@@ -123,6 +123,7 @@ def test_a_flask_mount_shows_a_live_answer_token_by_token_in_a_browser() -> None
 
 
 DJANGO_SCRIPT = """
+import html
 import re
 import django
 from django.conf import settings
@@ -154,7 +155,30 @@ from dormant import Agent, LocalSystem
 from dormant.contrib.dashboard import django_view
 from dormant.models import ScriptedModel, SimulatedModel, reply
 
-system = LocalSystem([Agent("echo", model=ScriptedModel(lambda items: reply("hi")))], "memory://")
+from dormant import tool
+from dormant.messages import UserText
+from dormant.models import call
+
+
+@tool(approval=True)
+def refund(order_id: str) -> str:
+    '''Refund an order.'''
+    return f"refunded {order_id}"
+
+
+def clerk(items):
+    if isinstance(items[-1], UserText):
+        return reply("", call("refund", order_id="o1"))
+    return reply(f"done: {items[-1].content}")
+
+
+system = LocalSystem(
+    [
+        Agent("echo", model=ScriptedModel(lambda items: reply("hi"))),
+        Agent("clerk", model=ScriptedModel(clerk), tools=[refund]),
+    ],
+    "memory://",
+)
 def broken_allow(request):
     return request.user.profile.is_admin  # no profile model: AttributeError
 
@@ -185,11 +209,24 @@ print("closed", closed.status_code, system.thread(thread_id).status.value)
 events = web.get("/dormant/ui/thread/events", {"id": thread_id})
 sent = b"".join(events.streaming_content).decode()
 print("events", events["Content-Type"], "event: item" in sent, '"status":"closed"' in sent)
+system.launch("clerk", "refund o1", thread_id="thr_refund")
+system.run_until_idle()
+queue = web.get("/dormant/ui/approvals").content.decode()
+start = queue.index('name="decision" value="approve"')
+approve_form = queue[queue.rindex("<form", 0, start) : start]
+fields = re.findall(r'name="([a-z_]+)" value="([^"]*)"', approve_form)
+form = {name: html.unescape(value) for name, value in fields} | {"decision": "approve"}
+forged = web.post("/dormant/ui/approvals/decide", {**form, "csrf": "0"})
+print("queue", "refund" in queue, "forged", forged.status_code)
+print("approved", web.post("/dormant/ui/approvals/decide", {**form, "by": "ops"}).status_code)
+system.run_until_idle()
+print("ran", system.history("thr_refund")[-1].text)
 system.close()
 """
 
 
 def test_django_shows_the_dashboard_to_staff_and_checks_its_own_csrf(tmp_path: Path) -> None:
+    """Its thread pages and its approval queue, behind the host's login and staff check."""
     script = tmp_path / "django_dashboard.py"
     script.write_text(textwrap.dedent(DJANGO_SCRIPT))
     done = subprocess.run(
@@ -204,4 +241,7 @@ def test_django_shows_the_dashboard_to_staff_and_checks_its_own_csrf(tmp_path: P
         "forged 403",
         "closed 303 closed",
         "events text/event-stream; charset=utf-8 True True",
+        "queue True forged 403",
+        "approved 303",
+        "ran done: refunded o1",
     ]
