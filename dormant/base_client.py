@@ -62,6 +62,7 @@ from dormant.stores.lineage import full_history
 from dormant.streams import LiveLog, StreamEvent
 from dormant.tools.runner import as_text
 from dormant.tracing import capture
+from dormant.tracing import provider as tracer_provider
 
 __all__ = ["BaseClient", "Waker", "new_message_id", "new_thread_id"]
 
@@ -231,9 +232,17 @@ class BaseClient(ApprovalMethods, ForkMethods, ABC):
         content = as_text(result)
         self._check_size(thread_id, content, f"the result of call {call_id!r}")
         message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
+        # Sent from outside any span (a deferred tool's callback), the result goes on in the
+        # trace of the slice that made the call.
+        trace = capture() or (self.store.call_trace(thread_id, call_id) if self._traced() else "")
         # A new result on an answered call (not a subscription) would change nothing: the
         # store refuses it (``CallAnswered``) in the transaction that would queue it.
-        return self._enqueue(thread_id, message_id, message, Priority.BACKGROUND, answered_ok=False)
+        return self._enqueue(
+            thread_id, message_id, message, Priority.BACKGROUND, answered_ok=False, trace=trace
+        )
+
+    def _traced(self) -> bool:
+        return tracer_provider(self.settings) is not None
 
     def verify_token(self, thread_id: str, call_id: str, token: str) -> None:
         """Raise ``InvalidToken`` unless ``token`` is a live capability for this call."""
@@ -466,10 +475,12 @@ class BaseClient(ApprovalMethods, ForkMethods, ABC):
         *,
         limited: bool = False,
         answered_ok: bool = True,
+        trace: str | None = None,
     ) -> str:
         """Store and wake; ``limited`` input (user text, events) is refused with
         ``InboxFull`` past ``max_inbox_depth``. Tool results never are: a call must get
-        its result, and the thread is what drains its inbox."""
+        its result, and the thread is what drains its inbox. ``trace``: the context kept
+        with the row, else the sender's current span."""
         # Only a caller's own id can have been seen: a fresh one skips the fast path (a
         # Redis round trip on every deliver), and SQL's unique key stays the guarantee.
         if not message_id:
@@ -485,7 +496,7 @@ class BaseClient(ApprovalMethods, ForkMethods, ABC):
             priority,
             max_open=max_open,
             answered_ok=answered_ok,
-            trace=capture(),  # the sender's span (a request, a tool run) goes with the row
+            trace=capture() if trace is None else trace,  # the sender's span goes with it
         )
         self._wake_saved(thread_id, priority)
         return message_id

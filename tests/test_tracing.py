@@ -403,3 +403,42 @@ def test_messages_batched_into_one_slice_continue_the_first_and_link_the_rest(
     assert [(link.context.trace_id, dict(link.attributes or {})) for link in batched.links] == [
         (0xA2, {"dormant.link.reason": "user", "dormant.message.id": "two"})
     ]
+
+
+@tool(deferred=True)
+def build(target: str) -> None:
+    """Start a build; its result comes later by callback."""
+
+
+def one_build(items: Sequence[Item]) -> Completion:
+    if isinstance(items[-1], ToolResult):
+        return reply(f"built: {items[-1].content}")
+    return reply("building", call("build", target="api"))
+
+
+@pytest.mark.parametrize("backend", ["memory", "sqlite"])
+def test_a_deferred_tools_result_sent_from_outside_any_span_goes_on_in_its_callers_trace(
+    spans: InMemorySpanExporter, backend: str, tmp_path: Path
+) -> None:
+    """The callback arrives with no span current (a plain HTTP request, days later within
+    the gap): the slice it wakes continues the trace of the slice that made the call."""
+    from dormant.stores.sql.store import SQLStore, upgrade
+
+    store = None
+    if backend == "sqlite":
+        url = f"sqlite:///{tmp_path}/traced.db"
+        upgrade(url)
+        store = SQLStore(url)
+    builder = Agent("builder", model=ScriptedModel(one_build), tools=[build])
+    h = Harness(builder, settings=Settings(model_backoff_s=0.0), store=store)
+    thread_id = h.launch("builder", "build the api")
+    h.step(thread_id)
+    h.run_tools()  # the tool run starts the build and ends: its result is not in yet
+    assert trace.get_current_span().get_span_context().is_valid is False
+    h.deliver(thread_id, h.store.load(thread_id).calls.popitem()[0], "api: green")
+    assert isinstance(h.settle(thread_id), Idle)
+    slices = by_name(spans.get_finished_spans(), "invoke_agent builder")
+    assert len(slices) == 2
+    assert trace_id(slices[1]) == trace_id(slices[0]), "one trace for the turn"
+    assert parent_of(slices[1]) == span_id(slices[0])
+    assert h.history(thread_id)[-1].text == "built: api: green"  # type: ignore[union-attr]

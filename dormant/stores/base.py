@@ -161,6 +161,12 @@ class InboxStore(Protocol):
         """Replace the thread's metadata (``raise_budget``); bumps the version."""
         ...
 
+    def call_trace(self, thread_id: str, call_id: str) -> str:
+        """The trace context stored with the call's newest outbox row (the slice that made
+        the call), "" if none: a deferred tool's result, delivered later from outside any
+        span, goes on in its caller's trace (``docs/tracing.md``)."""
+        ...
+
 
 class QueryStore(Protocol):
     def thread(self, thread_id: str) -> ThreadInfo: ...

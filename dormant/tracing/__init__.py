@@ -14,6 +14,6 @@ dict lookup and no-op calls.
 from __future__ import annotations
 
 from dormant.tracing.carrier import capture
-from dormant.tracing.switch import UNTRACED, SliceTrace, start_slice, start_tool
+from dormant.tracing.switch import UNTRACED, SliceTrace, provider, start_slice, start_tool
 
-__all__ = ["UNTRACED", "SliceTrace", "capture", "start_slice", "start_tool"]
+__all__ = ["UNTRACED", "SliceTrace", "capture", "provider", "start_slice", "start_tool"]

@@ -40,6 +40,7 @@ class MemoryRetention:
     _hot: OrderedDict[str, StoredThread]
     _open: dict[str, dict[int, InboxRow]]
     _outbox: dict[int, OutboxRow]
+    _call_traces: dict[tuple[str, str], str]
     _timers: dict[int, TimerRow]
     _timer_keys: set[tuple[str, str]]
     _children: dict[str, list[str]]
@@ -182,6 +183,8 @@ class MemoryRetention:
             self._forks.pop(thread_id, None)
         for row_id in [i for i, r in self._outbox.items() if r.thread_id in doomed]:
             del self._outbox[row_id]
+        for key in [k for k in self._call_traces if k[0] in doomed]:
+            del self._call_traces[key]
         for timer_id in [i for i, r in self._timers.items() if r.thread_id in doomed]:
             del self._timers[timer_id]
         self._timer_keys = {k for k in self._timer_keys if k[0] not in doomed}

@@ -84,6 +84,9 @@ class MemoryStore(
         self._open: dict[str, dict[int, InboxRow]] = {}
         """Pending and deferred inbox rows by thread, in id order (ids only grow)."""
         self._outbox: dict[int, OutboxRow] = {}
+        self._call_traces: dict[tuple[str, str], str] = {}
+        """The trace context of traced calls whose rows ran (a deferred tool's result may
+        come later): nothing is kept untraced."""
         self._cards: dict[str, WorkerCard] = {}
         self._version_changes: dict[str, list[tuple[int, str, str, datetime]]] = {}
         self._timers: dict[int, TimerRow] = {}
@@ -351,6 +354,15 @@ class MemoryStore(
         if call is None:
             raise UnknownCall(thread_id, call_id)
         return call
+
+    def call_trace(self, thread_id: str, call_id: str) -> str:
+        with self._lock:  # a scan: asked only while tracing, for a result sent from outside
+            rows = [
+                r for r in self._outbox.values() if (r.thread_id, r.call_id) == (thread_id, call_id)
+            ]
+            if rows:
+                return max(rows, key=lambda r: r.id).trace
+            return self._call_traces.get((thread_id, call_id), "")
 
     def inbox(self, thread_id: str, state: InboxState | None = None) -> list[InboxRow]:
         with self._lock:

@@ -36,6 +36,7 @@ class MemorySweep:
     _threads: dict[str, stored.StoredThread]
     _open: dict[str, dict[int, InboxRow]]
     _outbox: dict[int, OutboxRow]
+    _call_traces: dict[tuple[str, str], str]
     _timers: dict[int, TimerRow]
     _timer_heap: list[tuple[datetime, int]]
     _timer_keys: set[tuple[str, str]]
@@ -62,7 +63,9 @@ class MemorySweep:
     def mark_ran(self, outbox_ids: list[int]) -> None:
         with self._lock:
             for row_id in outbox_ids:
-                self._outbox.pop(row_id, None)  # ran rows are done with: keep nothing
+                row = self._outbox.pop(row_id, None)  # ran rows are done with: keep nothing
+                if row is not None and row.trace:  # but a traced call's context (call_trace)
+                    self._call_traces[(row.thread_id, row.call_id)] = row.trace
 
     def fire_due_timers(self, now: datetime, limit: int = 100) -> list[InboxRow]:
         fired: list[InboxRow] = []

@@ -411,6 +411,19 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLTimerQuery, SchemaCheck):
             return call_record(row)
 
     @retry_busy
+    def call_trace(self, thread_id: str, call_id: str) -> str:
+        outbox = self._schema.outbox
+        query = (
+            select(outbox.c.trace)
+            .where(outbox.c.thread_id == thread_id, outbox.c.call_id == call_id)
+            .order_by(outbox.c.id.desc())
+            .limit(1)
+        )
+        with self._tx() as conn:
+            found = conn.execute(query).scalar()
+        return str(found or "")
+
+    @retry_busy
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
         now = _now()
         # Closing a subtree and messages for other threads are rare and still use
