@@ -656,3 +656,18 @@ def test_tool_runs_of_an_agent_no_worker_has_wait_pending_and_run_when_it_is_bac
     assert ran == Answered()
     h.settle(thread_id)
     assert h.history(thread_id)[-1].text == "answered: build 9: green"  # type: ignore[union-attr]
+
+
+def test_an_old_worker_restarted_mid_roll_does_not_take_the_turns_back() -> None:
+    """A version's deploy is the first start of a worker that announced it: a v1 worker
+    that crashed and restarted after the v2 workers came up is still the older code."""
+    v1 = Agent("triage", model=_calls("status", build=1), tools=[status], version="v1")
+    v2 = Agent("triage", model=_calls("status", build=2), tools=[status], version="v2")
+    h = Harness(v2)
+    _roster(h, v1)  # the fleet before the deploy
+    new = _roster(h, v2)
+    restarted = _roster(h, v1)  # an old pod's container restarted after v2 came up
+    later = datetime.now(UTC) + timedelta(seconds=5)  # past the roster's read cache
+    assert new.superseded("triage", later) is None, "v2 keeps the turns"
+    left = restarted.superseded("triage", later)
+    assert left is not None and "version v2 was deployed after this worker's v1" in left.why

@@ -40,6 +40,7 @@ __all__ = [
     "Gone",
     "Whereabouts",
     "card_of",
+    "deployed_at",
     "leave",
     "locate",
     "locate_agent",
@@ -224,11 +225,11 @@ class Whereabouts:
         )
 
     def superseded(self, agent: str, now: datetime | None = None) -> Elsewhere | None:
-        """``Elsewhere`` when a live worker deployed after this one runs ``agent`` at
-        another version: once new code is up, the old runs nothing of that agent (no
-        slice, no tool run), so every turn after a deploy's first worker starts is the
-        new code's, and a thread's turns never alternate between the two. "After" is by
-        start time: a rollback's workers are the newest, and win the same way."""
+        """``Elsewhere`` when a live worker runs ``agent`` at a version deployed after this
+        worker's: once new code is up, the old runs nothing of that agent (no slice, no
+        tool run), so every turn after a deploy's first worker starts is the new code's,
+        and a thread's turns never alternate between the two. A version's deploy is the
+        first start of a worker that announced it (``deployed_at``)."""
         now = now or datetime.now(UTC)
         with self._lock:
             cached = self._superseding
@@ -239,16 +240,20 @@ class Whereabouts:
         return cached[1].get(agent)
 
     def _newer_versions(self, roster: list[WorkerCard], now: datetime) -> dict[str, Elsewhere]:
-        """Each of this worker's agents (by name and alias) that a live worker started
-        after it runs at another version."""
+        """Each of this worker's agents (by name and alias) that a live worker runs at a
+        version deployed after this worker's (``deployed_at``)."""
         live_since = now - timedelta(seconds=self.live_s)
+        deployed = deployed_at(roster)
         found: dict[str, Elsewhere] = {}
         for card in roster:
-            if card.seen_at < live_since or card.started_at <= self.card.started_at:
+            if card.seen_at < live_since:
                 continue
             for name, theirs in card.agents.items():
                 mine = self.card.agents.get(name)
-                if mine is not None and theirs.version != mine.version and name not in found:
+                if mine is None or theirs.version == mine.version or name in found:
+                    continue
+                since = deployed.get((name, mine.version), self.card.started_at)
+                if deployed[name, theirs.version] > since:
                     found[name] = Elsewhere(
                         f"agent {name!r} version {theirs.version} was deployed after this"
                         f" worker's {mine.version}; worker {card.worker_id} has it"
@@ -264,6 +269,19 @@ class Whereabouts:
         with self._lock:
             self._roster = (now, roster)
         return roster
+
+
+def deployed_at(roster: list[WorkerCard]) -> dict[tuple[str, str], datetime]:
+    """When each (agent, version) was deployed: the earliest start of a worker in the
+    roster (live or not: it remembers ``FORGET_AFTER_S``) that announced it. A worker of
+    the old version restarted mid-roll does not make its version the newer one."""
+    first: dict[tuple[str, str], datetime] = {}
+    for card in roster:
+        for name, have in card.agents.items():
+            key = (name, have.version)
+            if key not in first or card.started_at < first[key]:
+                first[key] = card.started_at
+    return first
 
 
 def locate_agent(deps: SliceDeps, snap: Snapshot, missing: UnknownAgent) -> Elsewhere | Gone:
