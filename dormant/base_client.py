@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -21,7 +21,6 @@ from dormant.approvals import ApprovalMethods
 from dormant.budget import Budget, with_budget
 from dormant.errors import (
     CallAnswered,
-    ConfigurationError,
     ControlSignal,
     DuplicateMessage,
     MessageRejected,
@@ -43,7 +42,7 @@ from dormant.replay.client import ForkMethods
 from dormant.runtime.budgets import raise_limits
 from dormant.runtime.close import Closing, close_thread, log_incomplete
 from dormant.runtime.history import SCHEDULED
-from dormant.runtime.stream import StreamReader, astream, stream
+from dormant.runtime.stream import StreamMethods
 from dormant.settings import Settings
 from dormant.stores.base import (
     DedupSet,
@@ -59,7 +58,7 @@ from dormant.stores.base import (
     VersionSpan,
 )
 from dormant.stores.lineage import full_history
-from dormant.streams import LiveLog, StreamEvent
+from dormant.streams import LiveLog
 from dormant.tools.runner import as_text
 from dormant.tracing import capture
 from dormant.tracing import provider as tracer_provider
@@ -80,7 +79,7 @@ def new_thread_id() -> str:
     return f"thr_{uuid.uuid4().hex[:20]}"
 
 
-class BaseClient(ApprovalMethods, ForkMethods, ABC):
+class BaseClient(ApprovalMethods, ForkMethods, StreamMethods, ABC):
     """Everything a caller does to threads, over a store, a dedup set and a waker."""
 
     def __init__(
@@ -234,15 +233,13 @@ class BaseClient(ApprovalMethods, ForkMethods, ABC):
         message = ToolResultMessage(call_id=call_id, content=content, is_error=is_error)
         # Sent from outside any span (a deferred tool's callback), the result goes on in the
         # trace of the slice that made the call.
-        trace = capture() or (self.store.call_trace(thread_id, call_id) if self._traced() else "")
+        traced = tracer_provider(self.settings) is not None
+        trace = capture() or (self.store.call_trace(thread_id, call_id) if traced else "")
         # A new result on an answered call (not a subscription) would change nothing: the
         # store refuses it (``CallAnswered``) in the transaction that would queue it.
         return self._enqueue(
             thread_id, message_id, message, Priority.BACKGROUND, answered_ok=False, trace=trace
         )
-
-    def _traced(self) -> bool:
-        return tracer_provider(self.settings) is not None
 
     def verify_token(self, thread_id: str, call_id: str, token: str) -> None:
         """Raise ``InvalidToken`` unless ``token`` is a live capability for this call."""
@@ -362,33 +359,6 @@ class BaseClient(ApprovalMethods, ForkMethods, ABC):
     ) -> list[ThreadInfo]:
         """Threads newest first; ``before`` pages on (``Store.threads``)."""
         return self.store.threads(status, limit, agent=agent, before=before)
-
-    def stream(
-        self, thread_id: str, after: str | None = None, *, timeout_s: float | None = None
-    ) -> Iterator[StreamEvent]:
-        """Every event of the thread from the start (or after the event id ``after``):
-        committed items, live text, dispatches, status changes; it ends after ``closed``,
-        or once ``timeout_s`` passes with nothing new. See docs/streaming.md.
-
-        Raises ``UnknownThread``, and ``InvalidStreamId`` for an ``after`` no stream of the
-        thread gave out, here rather than while iterating."""
-        reader = self.stream_reader(thread_id, after)
-        reader.check()
-        return stream(reader, timeout_s)
-
-    def astream(
-        self, thread_id: str, after: str | None = None, *, timeout_s: float | None = None
-    ) -> AsyncIterator[StreamEvent]:
-        """``stream`` for an event loop (ASGI apps): waiting holds no thread. Its first
-        step raises what ``stream`` raises at once (the check reads the store)."""
-        return astream(self.stream_reader(thread_id, after), timeout_s)
-
-    def stream_reader(self, thread_id: str, after: str | None = None) -> StreamReader:
-        """A reader's place in the thread's stream (what ``stream`` and SSE poll); its
-        ``check`` refuses an ``after`` no stream gave out, else its first poll does."""
-        if self.live is None:
-            raise ConfigurationError("this client has no live log to stream from")
-        return StreamReader(thread_id, self.store, self.live, after)
 
     def stream_url(self, thread_id: str, *, ttl_s: float = 3600.0) -> str:
         """The SSE URL of the thread's stream in ``dormant serve``, with a read token that

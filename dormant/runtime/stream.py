@@ -19,7 +19,7 @@ import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
-from dormant.errors import InvalidStreamId
+from dormant.errors import ConfigurationError, InvalidStreamId
 from dormant.messages import AssistantTurn, ItemAdapter
 from dormant.stores.base import Store, StoredItem, ThreadInfo, ThreadStatus
 from dormant.stores.lineage import next_seq
@@ -37,7 +37,7 @@ from dormant.streams import (
     parse_id,
 )
 
-__all__ = ["MIN_LIVE_N", "REFRESH_S", "StreamReader", "astream", "stream"]
+__all__ = ["MIN_LIVE_N", "REFRESH_S", "StreamMethods", "StreamReader", "astream", "stream"]
 
 REFRESH_S = 10.0
 """How often an idle reader re-marks its thread watched and re-reads the store (what it
@@ -306,3 +306,38 @@ async def astream(
                 yield event
         elif timeout_s is not None and time.monotonic() - last_at >= timeout_s:
             return
+
+
+class StreamMethods:
+    """Mixed into ``BaseClient``: reading a thread's stream over its ``store`` and
+    ``live`` log (docs/streaming.md)."""
+
+    store: Store
+    live: LiveLog | None
+
+    def stream(
+        self, thread_id: str, after: str | None = None, *, timeout_s: float | None = None
+    ) -> Iterator[StreamEvent]:
+        """Every event of the thread from the start (or after the event id ``after``):
+        committed items, live text, dispatches, status changes; it ends after ``closed``,
+        or once ``timeout_s`` passes with nothing new. See docs/streaming.md.
+
+        Raises ``UnknownThread``, and ``InvalidStreamId`` for an ``after`` no stream of the
+        thread gave out, here rather than while iterating."""
+        reader = self.stream_reader(thread_id, after)
+        reader.check()
+        return stream(reader, timeout_s)
+
+    def astream(
+        self, thread_id: str, after: str | None = None, *, timeout_s: float | None = None
+    ) -> AsyncIterator[StreamEvent]:
+        """``stream`` for an event loop (ASGI apps): waiting holds no thread. Its first
+        step raises what ``stream`` raises at once (the check reads the store)."""
+        return astream(self.stream_reader(thread_id, after), timeout_s)
+
+    def stream_reader(self, thread_id: str, after: str | None = None) -> StreamReader:
+        """A reader's place in the thread's stream (what ``stream`` and SSE poll); its
+        ``check`` refuses an ``after`` no stream gave out, else its first poll does."""
+        if self.live is None:
+            raise ConfigurationError("this client has no live log to stream from")
+        return StreamReader(thread_id, self.store, self.live, after)

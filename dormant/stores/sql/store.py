@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-from sqlalchemy import Connection, Engine, case, literal_column, select, tuple_, update
+from sqlalchemy import Connection, Engine, case, select, tuple_, update
 from sqlalchemy.engine import URL
 from sqlalchemy.exc import IntegrityError
 
@@ -60,6 +60,7 @@ from dormant.stores.sql.rows import (
     thread_info,
 )
 from dormant.stores.sql.sends import insert_checked
+from dormant.stores.sql.sweep import SQLSweep
 from dormant.stores.sql.tables import as_utc, schema
 from dormant.stores.sql.timers import SQLTimerQuery
 from dormant.stores.sql.versions import VERSION_TABLE, SchemaCheck, refuse_unknown
@@ -122,7 +123,7 @@ def upgrade(database_url: str, *, table_prefix: str = "") -> None:
 # The store ---------------------------------------------------------------------------
 
 
-class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLTimerQuery, SchemaCheck):
+class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, SchemaCheck):
     """``Store`` on SQLite or PostgreSQL; safe to share between threads and processes.
 
     ``sqlite://`` (in memory) is migrated on construction since nobody else can reach it;
@@ -470,48 +471,6 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLTimerQuery, SchemaCheck):
             stmt = ready.mark_ran if ran else ready.mark_dispatched
             now = _now()
             run_many(conn, stmt, [{"row_id": i, "now": now} for i in outbox_ids])
-
-    # sweeper -------------------------------------------------------------------------
-
-    def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
-        """Threads with rows no slice has looked at, the longest-waiting first; stalled
-        ones wait for ``retry``."""
-        return [thread_id for thread_id, _ in self.wakes_due(limit, now=now)]
-
-    @retry_busy
-    def wakes_due(self, limit: int = 100, *, now: datetime | None = None) -> list[tuple[str, int]]:
-        with self._tx(direct=True) as conn:
-            ready = prepared(conn)
-            if now is None:
-                found = run(conn, ready.threads_to_wake, {"limit": limit})
-            else:
-                params = {"limit": limit, "now": as_utc(now)}
-                found = run(conn, ready.threads_to_wake_at, params)
-            return [(r["thread_id"], r["priority"]) for r in found.rows]
-
-    @retry_busy
-    def next_timer_due(self) -> datetime | None:
-        with self._tx(direct=True) as conn:
-            found = run(conn, prepared(conn).next_timer_due).scalars()
-            due: datetime | None = found[0] if found else None
-            return due
-
-    @retry_busy
-    def idle_threads(self, agent: str, idle_before: datetime, limit: int = 100) -> list[str]:
-        threads = self._schema.threads
-        query = (  # ix_threads_idle: (agent, updated_at) where status = 'idle'
-            select(threads.c.id)
-            .where(
-                # a literal keeps the partial index usable by generic plans
-                threads.c.status == literal_column(f"'{ThreadStatus.IDLE.value}'"),
-                threads.c.agent == agent,
-                threads.c.updated_at < as_utc(idle_before),
-            )
-            .order_by(threads.c.updated_at, threads.c.id)
-            .limit(limit)
-        )
-        with self._tx() as conn:
-            return list(conn.execute(query).scalars())
 
     def close(self) -> None:
         self._engine.dispose()
