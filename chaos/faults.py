@@ -18,7 +18,7 @@ from chaos.proxy import DROPPABLE, BrokerProxy
 from chaos.services import OwnPostgres, OwnRedis
 from dormant.settings import Settings
 
-__all__ = ["DROP", "FAULT_KINDS", "Cluster", "fault_schedule"]
+__all__ = ["DROP", "DROP_WAIT_S", "FAULT_KINDS", "Cluster", "fault_schedule"]
 
 ROOT = Path(__file__).resolve().parent.parent
 QUEUES = "dormant.interactive,dormant.background,dormant.tools"
@@ -31,7 +31,8 @@ DROP_WAIT_S = 15.0
 """How long a drop waits for a task to be published. While user text is being sent (drops
 come only then) one is published within moments; a drop that waits this long found a system
 that publishes nothing, and is reported as missed. (60 s made a run of 18 misses last 18
-minutes longer, to learn nothing more.)"""
+minutes longer, to learn nothing more.) ``--drop-wait-s`` sets it: the bounded run in
+``make unit``, which requires every drop to land, waits 60 s.)"""
 
 FAULT_KINDS = (
     "worker SIGKILL",
@@ -73,6 +74,7 @@ class Cluster:
     rng: random.Random
     workers: int
     concurrency: int
+    drop_wait_s: float = DROP_WAIT_S
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     faults: Counter[str] = field(default_factory=Counter)
     missed: Counter[str] = field(default_factory=Counter)
@@ -159,7 +161,7 @@ class Cluster:
                 # Slice wakes and tool tasks in turn: each has its own way back (the wake
                 # mark expires; the tool start timeout passes), and each must be taken.
                 name = DROPPABLE[self.faults[kind] % len(DROPPABLE)]
-                dropped = self.proxy.drop_next_task(name, within_s=DROP_WAIT_S)
+                dropped = self.proxy.drop_next_task(name, within_s=self.drop_wait_s)
                 if dropped is None:
                     self.missed[kind] += 1  # no task published: not counted
                     return False

@@ -42,7 +42,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from chaos.agents import CALLBACKS, SLICES, SUBSCRIPTIONS, TOOL_RUNS
-from chaos.faults import Cluster, fault_schedule
+from chaos.faults import DROP_WAIT_S, Cluster, fault_schedule
 from chaos.proxy import BrokerProxy
 from chaos.services import OwnPostgres, OwnRedis, available
 from chaos.verdict import RECOVERY_BOUND_S, Verdict, judge
@@ -258,6 +258,12 @@ def main(argv: list[str] | None = None) -> int:
         default=RECOVERY_BOUND_S,
         help="fail if the system quiesces later than this after the last fault ended",
     )
+    parser.add_argument(
+        "--drop-wait-s",
+        type=float,
+        default=DROP_WAIT_S,
+        help="how long a broker drop waits for a task to be published before it is missed",
+    )
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--keep", action="store_true", help="keep the logs and data directory")
     args = parser.parse_args(argv)
@@ -304,7 +310,16 @@ def main(argv: list[str] | None = None) -> int:
         }
         stats = redis.Redis.from_url(stats_server.url, decode_responses=True)
         cluster = Cluster(
-            env, work / "logs", own, pg, proxy, stats, rng, args.workers, args.concurrency
+            env,
+            work / "logs",
+            own,
+            pg,
+            proxy,
+            stats,
+            rng,
+            args.workers,
+            args.concurrency,
+            args.drop_wait_s,
         )
         cluster.start()
         verdict = _run(args, console, env, stats, rng, cluster)

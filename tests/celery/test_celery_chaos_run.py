@@ -36,6 +36,7 @@ def test_the_bounded_chaos_run_keeps_every_promise() -> None:
     argv = [sys.executable, "-m", "chaos.run", "--agents", str(AGENTS), "--faults", str(FAULTS)]
     argv += ["--seed", str(seed), "--quiesce-timeout-s", str(scaled(150))]
     argv += ["--recovery-bound-s", str(scaled(30))]  # make chaos's 30 s, on this machine
+    argv += ["--drop-wait-s", "60"]  # every drop must land (asserted below)
     run = subprocess.Popen(
         argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -51,7 +52,7 @@ def test_the_bounded_chaos_run_keeps_every_promise() -> None:
     figures = dict(re.findall(r"^(lost|duplicated|stuck|broken)\s+(\d+)$", report, re.MULTILINE))
     assert figures == {"lost": "0", "duplicated": "0", "stuck": "0", "broken": "0"}, report
     # Every fault injected, the broker drop included: a drop waits for the next slice or tool
-    # task published (chaos.proxy), and comes while user text still goes out.
+    # task published (chaos.proxy, given 60 s), and comes while user text still goes out.
     by_kind = report[report.find("faults by kind:") : report.find(f"  {'total':32}")]
     kinds = dict(re.findall(r"^  (.+?)\s+(\d+)$", by_kind, re.MULTILINE))
     assert kinds == {kind: str(FAULTS // len(FAULT_KINDS)) for kind in FAULT_KINDS}, report
