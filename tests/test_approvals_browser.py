@@ -37,6 +37,16 @@ def browser() -> Iterator[Any]:
         yield browser
 
 
+_CUT_JS = """inputs => inputs.filter(input => {
+    const style = getComputedStyle(input);
+    const ctx = document.createElement("canvas").getContext("2d");
+    ctx.font = style.font;
+    const room = input.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    return ctx.measureText(input.placeholder).width > room;
+}).map(input => input.placeholder)"""
+"""The placeholders wider than the room inside their input: a reader sees them cut off."""
+
+
 def _system(base_url: str | None = None) -> LocalSystem:
     agent = Agent("clerk", model=_script(_refund_and_lookup()), tools=[refund, lookup])
     settings = Settings(callback_base_url=f"{base_url}/dormant/callbacks") if base_url else None
@@ -56,6 +66,8 @@ def test_the_queue_approves_a_held_call_from_the_browser(browser: Any) -> None:
             assert "Refund 250.0 to o1?" in page.inner_text("article.approval")
             assert '"amount": 250.0' in page.inner_text("article.approval pre")
             page.screenshot(path=str(SHOTS / "approvals-queue.png"), full_page=True)
+            cut = page.eval_on_selector_all("article.approval input[placeholder]", _CUT_JS)
+            assert cut == [], f"placeholders cut off at their input's width: {cut}"
             form = "article.approval form:has(button.approve)"
             page.fill(f"{form} input[name=by]", "dana")
             page.click(f"{form} button.approve")
