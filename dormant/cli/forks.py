@@ -9,11 +9,19 @@ nothing); ``replay`` needs the deployment, whose workers run the replays.
 from __future__ import annotations
 
 import json
-from contextlib import closing
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING
 
 import typer
 
+from dormant.cli.errors import say
 from dormant.cli.options import DatabaseOption, JsonOption, check_since
+from dormant.errors import NotFound
+
+if TYPE_CHECKING:
+    from dormant.stores.records import WorkerCard
 
 __all__ = ["diff", "fork", "replay"]
 
@@ -120,16 +128,29 @@ def replay(
     budget = Budget(max_tokens=max_tokens) if max_tokens is not None else None
     with open_client() as client:
         sources = pick_sources(client.store, agent, parse_since(since), sample, seed=seed)
-        found = replay_batch(
-            client,
-            sources,
-            tag=tag,
-            model=model,
-            instructions=instructions,
-            tools=ReplayTools(on_miss=on_miss),  # type: ignore[arg-type]
-            budget=budget,
-            timeout_s=timeout_s,
-        )
+        if not sources:
+            raise NotFound(
+                f"agent {agent!r} has no thread to replay (--since {since}; only root"
+                " threads are sampled, no child, fork or replay)"
+            )
+        live_s = 3 * client.settings.announce_interval_s
+        if not live_workers_of(client.store.roster(), agent, live_s):
+            say(
+                f"warning: no live worker runs agent {agent!r} (`dormant versions`): the"
+                f" replays wait for one, up to --timeout-s {timeout_s:g}"
+            )
+        with _progress(len(sources)) as on_progress:
+            found = replay_batch(
+                client,
+                sources,
+                tag=tag,
+                model=model,
+                instructions=instructions,
+                tools=ReplayTools(on_miss=on_miss),  # type: ignore[arg-type]
+                budget=budget,
+                timeout_s=timeout_s,
+                on_progress=on_progress,
+            )
     found = {"agent": agent, "since": since, "sample": sample, **found}
     path = Path(report or f"replay-{tag}.json")
     path.write_text(json.dumps(found, indent=2, default=str))
@@ -138,3 +159,23 @@ def replay(
         f"{totals['replays']} replays of {agent} ({tag}): {totals['same']} same, "
         f"{totals['diverged']} diverged, {totals['unfinished']} unfinished; report {path}"
     )
+
+
+def live_workers_of(roster: list[WorkerCard], agent: str, live_s: float) -> list[str]:
+    """The workers that announced ``agent`` within ``live_s`` (a card not renewed for
+    three announce intervals is a dead worker's)."""
+    since = datetime.now(UTC) - timedelta(seconds=live_s)
+    return [c.worker_id for c in roster if agent in c.agents and c.seen_at >= since]
+
+
+@contextmanager
+def _progress(total: int) -> Iterator[Callable[[int, int], None]]:
+    """A bar on stderr of the replays finished (on a terminal; elsewhere its last state
+    only), so a batch that waits for workers is seen to wait."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    columns = ("replays finished", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True)) as bar:
+        task = bar.add_task("replays", total=total)
+        yield lambda done, _total: bar.update(task, completed=done)

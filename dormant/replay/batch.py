@@ -89,8 +89,12 @@ def replay_batch(
     poll_s: float = 0.5,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    on_progress: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
-    """Replay each source, wait (up to ``timeout_s``) for all to finish, and report."""
+    """Replay each source, wait (up to ``timeout_s``) for all to finish, and report.
+
+    ``on_progress(finished, total)`` is called at each look at the replays, so a caller
+    can show a long batch moving (``dormant replay`` does)."""
     started = datetime.now(UTC)
     pairs = [
         (
@@ -105,6 +109,8 @@ def replay_batch(
     open_ = [r for _, r in pairs]
     while open_ and clock() < deadline:
         open_ = [r for r in open_ if not finished(client.store, r)]
+        if on_progress is not None:
+            on_progress(len(pairs) - len(open_), len(pairs))
         if open_:
             sleep(poll_s)
     runs = []
