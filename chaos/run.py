@@ -66,8 +66,9 @@ CHAOS_SETTINGS = {
 """What the run shortens. The settings that re-send lost work (the sweep interval, the
 outbox grace, the visibility timeout, the tool claim TTL, the tool start timeout, the
 hand-in timeout) keep their shipped defaults: the run measures how soon that work comes
-back (``Verdict.recovery_s``). The lease is short because a slice holds it for a whole
-model request (150 s by default) and chaos kills workers mid-slice by the dozen; the
+back (``Verdict.recovery_s``). The lease is short (30 s by default, renewed while its slice
+runs) because chaos kills workers mid-slice by the dozen and each dead slice's thread waits
+out its lease; the
 failure policy, because a fault must never stall a thread. Each is documented in
 docs/guarantees.md (the chaos run)."""
 

@@ -78,9 +78,10 @@ class Settings:
     callback_base_url: str = "http://127.0.0.1:8765/dormant/callbacks"
     key_prefix: str = "dormant"
     agents_module: str = ""
-    lease_ttl_s: float = 150.0
-    """Covers a whole model request (``ModelSettings.timeout_s`` defaults to 120 s) even if
-    no chunk arrives to renew it; a dead holder's thread is re-driven after this long."""
+    lease_ttl_s: float = 30.0
+    """A slice's lease on its thread, renewed by its process every third of this while the
+    slice runs (``runtime/lease_keeper.py``), however long its model takes: a dead worker's
+    threads are re-driven this long after it died."""
     token_ttl_s: float = 7 * 24 * 3600.0
     max_message_bytes: int = 256 * 1024
     """One message's text (``launch``, ``send``, ``deliver``, events, callbacks): larger

@@ -136,7 +136,7 @@ def complete_admitted(
         ask = Ask(
             estimate,
             slot,
-            settings.lease_ttl_s,
+            request.settings.timeout_s + settings.lease_ttl_s,  # given back this long after a death
             caller.interactive,
             caller.flow,
             caller.weight,

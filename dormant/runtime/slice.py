@@ -10,7 +10,8 @@ a slice woken meanwhile was refused the lease.
 
 SQL sees two transactions (load, commit) and a third, one statement, only to stamp the
 dispatched outbox rows; Redis two round trips (acquire, end) plus a live chunk now and then
-during a long completion.
+during a long completion, and the lease's renewal every third of its time-to-live, from the
+process's keeper thread (``lease_keeper.py``).
 
 A crash before 7 loses nothing (the rerun makes the one turn); a crash between 7 and 8
 leaves undispatched outbox rows the sweeper re-dispatches.
@@ -63,6 +64,7 @@ from dormant.runtime.failures import (
     stalls_at_once,
 )
 from dormant.runtime.history import Applied, apply_inbox, has_pending
+from dormant.runtime.lease_keeper import Hold, keeper
 from dormant.runtime.outcomes import (
     Busy,
     Closed,
@@ -133,10 +135,19 @@ def run_slice(thread_id: str, deps: SliceDeps, *, redelivered: bool = False) -> 
     stalls after ``stall_after_failures``. Only what cannot be recorded (the store is
     unreachable) propagates, logged here.
     """
-    token = deps.lease.acquire(thread_id, deps.settings.lease_ttl_s)
+    ttl_s = deps.settings.lease_ttl_s
+    token = deps.lease.acquire(thread_id, ttl_s)
     if token is None:
         return Busy(thread_id)  # the holder drains the inbox: its release sees the refusal
-    work = _Slice(thread_id, token, deps, redelivered)
+    deadline_s = deps.settings.slice_deadline_s
+    with keeper.keep(deps.lease, thread_id, token, ttl_s, deadline_s or None) as hold:
+        return _run(_Slice(thread_id, token, hold, deps, redelivered), deps)
+
+
+def _run(work: _Slice, deps: SliceDeps) -> SliceOutcome:
+    """Run ``work`` while its lease is kept; end it (release the lease, publish its
+    events) however it ends, but for a simulated death."""
+    thread_id = work.thread_id
     try:
         deps.crash("holding_lease")
         outcome, seen = work.run()
@@ -176,12 +187,14 @@ def run_slice(thread_id: str, deps: SliceDeps, *, redelivered: bool = False) -> 
 
 
 class _Slice(SliceWatch, SliceCommit):
-    def __init__(self, thread_id: str, token: str, deps: SliceDeps, redelivered: bool) -> None:
+    def __init__(
+        self, thread_id: str, token: str, hold: Hold, deps: SliceDeps, redelivered: bool
+    ) -> None:
         self.thread_id = thread_id
         self.redelivered = redelivered
         self.token = token
+        self.hold = hold
         self.deps = deps
-        self.renewed_at = time.monotonic()
         self.steer_checked_at = time.monotonic()
         self.seen = 0
         self.steering = False

@@ -1,9 +1,10 @@
 """What a slice keeps watch on while its model completes (steps 5-6 of ``runtime/slice.py``).
 
 Streamed text is buffered and published as a chunk now and then (a live view of a long
-completion); at the same moments the lease is renewed, the deadline checked and, for an
-agent with ``steering="interrupt"``, the inbox looked at for newer user text
-(``SteeredAway``). Between those moments a chunk costs one look at the monotonic clock.
+completion); at the same moments the lease's hold is looked at (``runtime/lease_keeper.py``
+renews it), the deadline checked and, for an agent with ``steering="interrupt"``, the inbox
+looked at for newer user text (``SteeredAway``). Between those moments a chunk costs one
+look at the monotonic clock.
 
 ``SliceWatch`` is mixed into the slice (``_Slice``), which sets its attributes in its
 ``__init__``: a mixin, not an object the slice calls through, since ``_on_chunk`` runs for
@@ -21,6 +22,7 @@ from dormant.models.base import Completion, Model, ModelRequest
 from dormant.runtime.admission import Caller, complete_admitted
 from dormant.runtime.deps import SliceDeps
 from dormant.runtime.failures import check_deadline
+from dormant.runtime.lease_keeper import Hold
 from dormant.stores.base import ThreadStatus
 from dormant.tracing import SliceTrace
 
@@ -45,7 +47,8 @@ class SliceWatch:
     """Completion attempts begun: with the lease token, names the chunks' attempt."""
     boundary: int
     """The seq the turn's first item gets: where its streamed text belongs."""
-    renewed_at: float
+    hold: Hold
+    """The lease as ``runtime/lease_keeper.py`` renews it (``lost`` once refused)."""
     steer_checked_at: float
     flushed_at: float
     next_check_at: float
@@ -56,7 +59,7 @@ class SliceWatch:
         check_deadline(self.deps, self.thread_id, self.started_at)
 
     def _complete(self, model: Model, request: ModelRequest) -> Completion:
-        self._keep_lease(time.monotonic())
+        self._check_lease()
         try:
             with self.trace.chat(model, request) as chat:
                 completion = complete_admitted(
@@ -93,18 +96,15 @@ class SliceWatch:
         self.attempts += 1
         self.deps.sleep(wait_s)
 
-    def _keep_lease(self, now: float) -> None:
-        """Renew the lease once a third of its time-to-live has passed."""
-        ttl_s = self.deps.settings.lease_ttl_s
-        if now - self.renewed_at > ttl_s / 3:
-            if not self.deps.lease.renew(self.thread_id, self.token, ttl_s):
-                thread = self.deps.store.thread(self.thread_id)  # say why: a close revokes
-                closed = thread.status is ThreadStatus.CLOSED
-                raise LeaseLost(self.thread_id, thread.closed_reason if closed else None)
-            self.renewed_at = now
+    def _check_lease(self) -> None:
+        """Stop if the keeper's renewal was refused: another slice may hold the thread."""
+        if self.hold.lost:
+            thread = self.deps.store.thread(self.thread_id)  # say why: a close revokes
+            closed = thread.status is ThreadStatus.CLOSED
+            raise LeaseLost(self.thread_id, thread.closed_reason if closed else None)
 
     def _on_chunk(self, text: str) -> None:
-        """Buffer streamed text; now and then (``_tick_s``) flush it, renew the lease,
+        """Buffer streamed text; now and then (``_tick_s``) flush it, look at the lease,
         check the deadline and look for steering. Between those, a chunk costs one look
         at the monotonic clock: 25 chunks a completion made the checks a cost of their own.
         """
@@ -118,7 +118,7 @@ class SliceWatch:
         settings = deps.settings
         if now - self.flushed_at >= settings.chunk_flush_s:
             self._flush_chunks(now)
-        self._keep_lease(now)
+        self._check_lease()
         self._check_deadline()
         if self.steering and now - self.steer_checked_at >= settings.steer_check_s:
             self.steer_checked_at = now
