@@ -72,8 +72,14 @@ class _Recorded:
     name: str = "recorded"
     context_window: int = 128_000
 
+    silent_s: float = 0.0
+    """Said nothing for this long first (announced under ``thinking``): a reasoning model."""
+
     def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
         start = time.time()
+        if self.silent_s:
+            _redis().rpush(_key("thinking", request.thread_id), f"{start:.6f}")
+            time.sleep(self.silent_s)
         time.sleep(random.uniform(0, self.delay_s))
         completion = self.inner.complete(request, on_chunk)
         end = time.time()
@@ -254,6 +260,7 @@ forgetful = Agent("forgetful", model=ScriptedModel(_echo), close_after_idle_s=2.
 calc = Agent("calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.05), tools=[add])
 slow_calc = Agent("slow_calc", model=_Recorded(ScriptedModel(_calc), delay_s=0.3), tools=[add])
 napper = Agent("napper", model=ScriptedModel(_napper))
+thinker = Agent("thinker", model=_Recorded(ScriptedModel(_echo), silent_s=3.0))
 triage = Agent(
     "triage",
     model=ScriptedModel(triage_script),  # dormant demo's script: the same story, on Celery
@@ -296,6 +303,7 @@ AGENTS = [
     calc,
     slow_calc,
     napper,
+    thinker,
     triage,
     flaky,
     broken,
