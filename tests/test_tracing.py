@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,10 +16,13 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from dormant import Agent, tool
+from dormant.errors import ModelRetryable
 from dormant.messages import Item, ToolResult, UserMessage, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
-from dormant.runtime.slice import Idle, Stale
+from dormant.rate_limit import RateLimit
+from dormant.runtime.limiter import MemoryLimiter
+from dormant.runtime.slice import Deferred, Idle, Stale
 from dormant.settings import Settings
 from dormant.tracing.carrier import encode, parse
 from tests.harness import Harness
@@ -442,3 +446,34 @@ def test_a_deferred_tools_result_sent_from_outside_any_span_goes_on_in_its_calle
     assert trace_id(slices[1]) == trace_id(slices[0]), "one trace for the turn"
     assert parent_of(slices[1]) == span_id(slices[0])
     assert h.history(thread_id)[-1].text == "built: api: green"  # type: ignore[union-attr]
+
+
+def test_a_call_admission_defers_is_no_chat_span_and_a_429_is_one(
+    spans: InMemorySpanExporter,
+) -> None:
+    answered_429: list[bool] = []
+
+    def once_429(items: Sequence[Item]) -> Completion:
+        if isinstance(items[-1], UserText) and items[-1].text == "b" and not answered_429:
+            answered_429.append(True)
+            raise ModelRetryable("rate limited", 1.0, status=429)
+        return reply("done")
+
+    h = Harness(agent(once_429), settings=Settings(model_backoff_s=0.0))
+    limit = RateLimit(rpm=1, reserve=0.0)
+    limiter = MemoryLimiter(clock=lambda: 1000.0)  # time stands still: one call a minute
+    settings = replace(h.deps.settings, rate_limits=(("scripted", limit),))
+    h.deps = replace(h.deps, settings=settings, limiter=limiter)
+    first, second = h.launch("tracer", "a"), h.launch("tracer", "b")
+    assert isinstance(h.step(first), Idle)
+    assert isinstance(h.step(second), Deferred)  # refused: the model was never asked
+    finished = spans.get_finished_spans()
+    assert len(by_name(finished, "chat scripted")) == 1, "a refused ask made a chat span"
+    refused = by_name(finished, "invoke_agent")[1]
+    assert [e.name for e in refused.events] == ["dormant.admission.wait"]
+
+    h.deps = replace(h.deps, limiter=MemoryLimiter())  # capacity again: the provider says 429
+    assert isinstance(h.step(second), Deferred)
+    chats = by_name(spans.get_finished_spans(), "chat scripted")
+    assert len(chats) == 2
+    assert (chats[1].attributes or {})["error.type"] == "ModelRetryable"

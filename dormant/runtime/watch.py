@@ -61,12 +61,14 @@ class SliceWatch:
     def _complete(self, model: Model, request: ModelRequest) -> Completion:
         self._check_lease()
         try:
-            with self.trace.chat(model, request) as chat:
-                completion = complete_admitted(
-                    self.deps, self.caller, model, request, self._on_chunk, self._between_attempts
-                )
-                chat.done(completion)
-                return completion
+            return complete_admitted(
+                self.deps,
+                self.caller,
+                self.trace.chat_model(model),
+                request,
+                self._on_chunk,
+                self._between_attempts,
+            )
         finally:  # the rest of the text goes out with the slice's other events
             if self.streamed:
                 self.events.append(self._chunk())

@@ -17,7 +17,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode
 
-from dormant.models.base import Completion, Model, ModelRequest
+from dormant.models.base import ChunkSink, Completion, Model, ModelRequest
 from dormant.runtime.children import SEED_PREFIX
 from dormant.settings import Settings
 from dormant.stores.base import InboxRow, OutboxRow, Snapshot
@@ -120,8 +120,8 @@ class SliceSpan:
         context = self.span.get_span_context()
         return encode(context.trace_id, context.span_id, int(context.trace_flags))
 
-    def chat(self, model: Model, request: ModelRequest) -> ChatSpan:
-        return ChatSpan(self, model, request)
+    def chat_model(self, model: Model) -> Model:
+        return ChatModel(self, model)
 
     def committed(self, first_seq: int, last_seq: int, code_version: str) -> None:
         self.span.set_attributes(
@@ -149,6 +149,29 @@ class SliceSpan:
         self.span.record_exception(error)
         self.span.set_status(Status(StatusCode.ERROR, type(error).__name__))
         self.span.end()
+
+
+class ChatModel:
+    """``model``, each call of which runs in a ``chat {model}`` span of its own. Admission
+    control asks before it calls the model: a call it refuses never reaches this, so a
+    deferral is no chat span and no GenAI metric point (the slice span's
+    ``dormant.admission.wait`` event tells it), and each attempt of a retried call is one
+    span, as the conventions count calls."""
+
+    def __init__(self, owner: SliceSpan, model: Model) -> None:
+        self._owner = owner
+        self._model = model
+        self.name = model.name
+        self.context_window = model.context_window
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)  # base_url, rate_limit: what admission reads
+
+    def complete(self, request: ModelRequest, on_chunk: ChunkSink) -> Completion:
+        with ChatSpan(self._owner, self._model, request) as chat:
+            completion = self._model.complete(request, on_chunk)
+            chat.done(completion)
+            return completion
 
 
 class ChatSpan:

@@ -15,36 +15,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from dormant.models.base import Completion, Model, ModelRequest
+    from dormant.models.base import Model
     from dormant.settings import Settings
     from dormant.stores.base import OutboxRow, Snapshot
 
 __all__ = [
     "UNTRACED",
-    "ChatTrace",
     "SliceTrace",
     "ToolTrace",
     "provider",
     "start_slice",
     "start_tool",
 ]
-
-
-class ChatTrace(Protocol):
-    """One model call's span, open while the model runs."""
-
-    def __enter__(self) -> ChatTrace: ...
-
-    def __exit__(
-        self,
-        kind: type[BaseException] | None,
-        error: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None: ...
-
-    def done(self, completion: Completion) -> None:
-        """What the model answered: tokens, finish reasons, (opt-in) the content."""
-        ...
 
 
 class SliceTrace(Protocol):
@@ -55,7 +37,9 @@ class SliceTrace(Protocol):
         threads ("" untraced)."""
         ...
 
-    def chat(self, model: Model, request: ModelRequest) -> ChatTrace: ...
+    def chat_model(self, model: Model) -> Model:
+        """``model``, each of its calls traced as a ``chat`` span (untraced: ``model``)."""
+        ...
 
     def committed(self, first_seq: int, last_seq: int, code_version: str) -> None:
         """The seqs the commit wrote and the agent version that ran."""
@@ -96,8 +80,8 @@ class _Untraced:
     def carrier(self) -> str:
         return ""
 
-    def chat(self, model: Model, request: ModelRequest) -> _Untraced:
-        return self
+    def chat_model(self, model: Model) -> Model:
+        return model
 
     def committed(self, first_seq: int, last_seq: int, code_version: str) -> None:
         pass
@@ -109,9 +93,6 @@ class _Untraced:
         pass
 
     def fail(self, error: BaseException) -> None:
-        pass
-
-    def done(self, completion: Completion) -> None:
         pass
 
     def ended(self, outcome: object) -> None:
