@@ -736,3 +736,16 @@ def test_a_replay_holds_a_sleep_an_event_woke_and_feeds_that_event(
 
     assert found.same, found.first_divergence
     assert status is ThreadStatus.IDLE
+
+
+def test_threads_of_a_tag_are_found_by_it_whatever_their_age_paged(
+    open_store: StoreOpener,
+) -> None:
+    store = open_store()
+    for n in range(5):
+        store.create_thread(NewThread(id=f"thr_t{n}", agent="a", tag="replay:exp"))
+        store.create_thread(NewThread(id=f"thr_p{n}", agent="a"))
+    first = store.threads(limit=3, tag="replay:exp")
+    rest = store.threads(limit=3, tag="replay:exp", before=(first[-1].created_at, first[-1].id))
+    assert [i.id for i in first + rest] == [f"thr_t{n}" for n in (4, 3, 2, 1, 0)]
+    assert store.threads(tag="replay:other") == []

@@ -149,6 +149,7 @@ class MemoryStore(
         *,
         agent: str | None = None,
         before: tuple[datetime, str] | None = None,
+        tag: str | None = None,
     ) -> list[ThreadInfo]:
         with self._lock:
             infos = [
@@ -160,6 +161,7 @@ class MemoryStore(
             i
             for i in infos
             if (agent is None or i.agent == agent)
+            and (tag is None or i.tag == tag)
             and (before is None or (i.created_at, i.id) < before)
         ]
         infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
