@@ -37,6 +37,7 @@ from dormant.replay.batch import pick_sources, replay_batch
 from dormant.replay.tools import MISS_PREFIX
 from dormant.runtime.history import WOKEN_BY_EVENT
 from dormant.stores.base import NewThread, Priority, Store, StoredItem, ThreadStatus
+from dormant.stores.memory.store import MemoryStore
 from dormant.stores.sql.store import SQLStore
 from dormant.tools.http import http_tool
 from dormant.tools.mcp import McpServer, McpTool
@@ -749,3 +750,30 @@ def test_threads_of_a_tag_are_found_by_it_whatever_their_age_paged(
     rest = store.threads(limit=3, tag="replay:exp", before=(first[-1].created_at, first[-1].id))
     assert [i.id for i in first + rest] == [f"thr_t{n}" for n in (4, 3, 2, 1, 0)]
     assert store.threads(tag="replay:other") == []
+
+
+class _CountingStore(MemoryStore):
+    """Counts the reads of all of one thread's own items (a replay's history reads them
+    up to its fork point only)."""
+
+    watched = ""
+    reads = 0
+
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        if thread_id == self.watched and upto_seq is None:
+            self.reads += 1
+        return super().own_items(thread_id, upto_seq)
+
+
+def test_a_replay_reads_its_source_transcript_once_not_once_a_slice() -> None:
+    store = _CountingStore()
+    with LocalSystem([AGENT], settings=_settings(), store=store) as system:
+        source = _recorded(system, "hello 1", "hello 2", "hello 3", "order 4")
+        store.watched = source
+        replay = system.replay(source, model="replaytest:same")
+        system.run_until_idle()
+        reads = store.reads
+        assert system.diff(source, replay).same
+
+    assert len([i for i in system.history(replay) if isinstance(i, UserText)]) == 4
+    assert reads == 1  # four slices at least, one read of the source

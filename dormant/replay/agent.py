@@ -15,6 +15,8 @@ deferred start, webhook, HTTP or MCP request exists for it; only a miss on a too
 from __future__ import annotations
 
 import dataclasses
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -82,7 +84,7 @@ def replayed(agent: Agent, thread: ThreadInfo, store: _Reader) -> Agent:
     tools = ReplayTools.from_stored(meta.get("tools") or {})
     source = store.thread(meta["source"])
     fork_seq = int(meta["fork_seq"])
-    record = Record.of(full_history(store, source), fork_seq, tools.match)
+    record = _record(store, source, fork_seq, tools.match)
     own = {f.name: getattr(agent, f.name) for f in dataclasses.fields(Agent)}
     if meta.get("model"):
         own["model"] = meta["model"]
@@ -95,6 +97,31 @@ def replayed(agent: Agent, thread: ThreadInfo, store: _Reader) -> Agent:
         fork_seq=fork_seq,
         first_input_seq=int(meta["from_seq"]),
     )
+
+
+_RECORDS: OrderedDict[tuple[Any, ...], Record] = OrderedDict()
+_RECORDS_KEPT = 64
+"""Records kept by this process: a replay's slices, one per fed input, and a batch's
+replays of one source read the source's whole transcript once, not once a slice."""
+_records_lock = threading.Lock()
+
+
+def _record(store: _Reader, source: ThreadInfo, fork_seq: int, match: str) -> Record:
+    """The record of ``source`` after ``fork_seq``, built once for each version of the
+    source (a source still growing gets a new record when it has committed more). Read
+    only once built: ``serve`` and ``feed`` never change it."""
+    key = (id(store), source.id, source.created_at, source.version, fork_seq, match)
+    with _records_lock:
+        record = _RECORDS.get(key)
+        if record is not None:
+            _RECORDS.move_to_end(key)
+            return record
+    record = Record.of(full_history(store, source), fork_seq, match)
+    with _records_lock:
+        _RECORDS[key] = record
+        while len(_RECORDS) > _RECORDS_KEPT:
+            _RECORDS.popitem(last=False)
+    return record
 
 
 def serve(agent: Agent, call: ToolCall, tool: Tool, calls: dict[str, CallRecord]) -> Served | None:
