@@ -777,3 +777,46 @@ def test_a_replay_reads_its_source_transcript_once_not_once_a_slice() -> None:
 
     assert len([i for i in system.history(replay) if isinstance(i, UserText)]) == 4
     assert reads == 1  # four slices at least, one read of the source
+
+
+def test_a_replay_feeds_inputs_the_source_read_together_in_one_turn(
+    open_store: StoreOpener,
+) -> None:
+    """A child's report and its closing report reached the source's model together (one
+    turn for both): the replay's model reads them together too."""
+    spawn = ToolCall(call_id="c1", name="spawn_thread", args={"instructions": "look up 7"})
+
+    def report(content: str) -> EventShown:
+        return EventShown(
+            call_id=f"e{len(content)}",
+            original_call_id="c1",
+            original_name="spawn_thread",
+            original_args=spawn.args,
+            content=content,
+        )
+
+    started = "Child thread thr_kid started. Its reports will reach you as events on this call."
+    closed = "Child thread thr_kid closed. Final report: found: order 7 shipped"
+    store = open_store()
+    _crafted(
+        store,
+        "thr_together",
+        "delegator",
+        [
+            UserText(text="delegate 7"),
+            AssistantTurn(calls=(spawn,)),
+            ToolResult(call_id="c1", name="spawn_thread", content=started),
+            AssistantTurn(text=f"answer: {started}"),
+            report("Report from child thread thr_kid: halfway"),
+            report(closed),
+            AssistantTurn(text=f"heard: {closed}"),
+        ],
+    )
+    with LocalSystem([DELEGATING], settings=_settings(), store=store) as system:
+        replay = system.replay("thr_together", model="delegating:same")
+        system.run_until_idle()
+        found = system.diff("thr_together", replay)
+        children = system.store.children(replay)
+
+    assert found.same, found.first_divergence
+    assert children == [] and ran["lookup"] == 0

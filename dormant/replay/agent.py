@@ -192,29 +192,37 @@ def feed(
     turn_items: list[StoredItem],
     calls: dict[str, CallRecord],
     closing: bool,
-) -> tuple[str, str, Inbound, int] | None:
-    """The replay's next recorded input, as a message for the commit to queue, once the
-    model has answered everything before it (no call pending but those held for that
-    input); None otherwise. An event or a child's report goes to the replay's call that
-    stands for the source's call it came on, a late result to the interrupted call that
-    stands for the source's; one whose call the replay never made (or no longer takes it)
-    is left out."""
+) -> list[tuple[str, str, Inbound, int]]:
+    """The replay's next recorded inputs, as messages for the commit to queue, once the
+    model has answered everything before them (no call pending but those held for them):
+    the next one, and those the source's model read with it (no model turn between them:
+    two child reports that arrived together, say). An event or a child's report goes to
+    the replay's call that stands for the source's call it came on, a late result to the
+    interrupted call that stands for the source's; one whose call the replay never made
+    (or no longer takes it) is left out."""
     if not isinstance(agent, ReplayAgent) or closing:
-        return None
+        return []
     mapped = _stands_for(agent, calls)
     held = {mapped[c] for c in agent.record.held if c in mapped}
     if any(c.state is CallState.PENDING and c.call_id not in held for c in calls.values()):
-        return None
+        return []
     fed = [
         int(s.message_id[len(INPUT_PREFIX) :])
         for s in [*snap.items, *turn_items]
         if s.seq > agent.fork_seq and s.message_id.startswith(INPUT_PREFIX)
     ]
+    queued: list[tuple[str, str, Inbound, int]] = []
+    together: int | None = None
     for nxt in agent.record.inputs_after(max(fed, default=agent.first_input_seq - 1)):
+        if together is not None and nxt.turns_before != together:
+            break
         message = _message(nxt, calls.get(mapped.get(nxt.original_call_id or "", "")))
         if message is not None:
-            return (snap.thread.id, f"{INPUT_PREFIX}{nxt.seq}", message, Priority.BACKGROUND)
-    return None
+            together = nxt.turns_before
+            queued.append(
+                (snap.thread.id, f"{INPUT_PREFIX}{nxt.seq}", message, Priority.BACKGROUND)
+            )
+    return queued
 
 
 def _message(recorded: Input, ours: CallRecord | None) -> Inbound | None:

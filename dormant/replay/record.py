@@ -75,6 +75,9 @@ class Input:
     seq: int
     text: str
     original_call_id: str | None = None
+    turns_before: int = 0
+    """The source's model turns before it (after the fork point): inputs with no turn
+    between them reached the model together, and are fed together."""
 
 
 @dataclass
@@ -97,15 +100,17 @@ class Record:
     def of(cls, transcript: list[StoredItem], after_seq: int, match: str) -> Record:
         record = cls()
         calls: dict[str, ToolCall] = {}
+        turns = 0
         for stored in transcript:
             if stored.seq <= after_seq:
                 continue
             item = stored.item
             if isinstance(item, UserText):
-                record.inputs.append(Input(stored.seq, item.text))
+                record.inputs.append(Input(stored.seq, item.text, None, turns))
             elif isinstance(item, EventShown):
-                record.inputs.append(Input(stored.seq, item.content, item.original_call_id))
+                record.inputs.append(Input(stored.seq, item.content, item.original_call_id, turns))
             elif isinstance(item, AssistantTurn):
+                turns += 1
                 for c in item.calls:
                     if c.name in SERVED_BUILTINS or (
                         c.name != EVENT_TOOL_NAME and c.name not in BUILTINS
