@@ -39,7 +39,8 @@ SEGMENT_BYTES = 64 * 1024
 """A segment of the item log is sealed at this much text: a read of the last lines
 inflates at most about this much (and the tail)."""
 _PIECE_BYTES = SEGMENT_BYTES // 4
-"""Text folded at a time: about a segment's worth, so a long tail still seals segments."""
+"""Text folded at a time (up to the end of a line): a long tail (a thread made with its
+history) is folded in pieces, so it still seals a segment at every ``SEGMENT_BYTES``."""
 _HEAD_BYTES = 24
 """Enough of a line for its seq (``rawitem.item_line``: the seq, then a tab)."""
 MERGE_CHUNKS = 8
@@ -50,10 +51,11 @@ about 1 KB a 20-turn thread; joining at every fold would leave a hole at every f
 class ItemLog:
     """Append-only JSON lines: sealed segments, compressed chunks, a small raw tail.
 
-    The compressed lines are one deflate stream per segment: a segment is sealed once its
-    chunks reach ``SEGMENT_BYTES`` and the next starts again from ``ITEM_FRAMING``, so
-    reading the last lines (a fork's look at its fork point) inflates one or two segments
-    whatever the thread's length, at the cost of a cold start every ``SEGMENT_BYTES`` of text."""
+    The compressed lines are one deflate stream per segment: a segment is sealed once it
+    holds ``SEGMENT_BYTES`` of text, and the next starts again, its dictionary the first
+    32 KiB of the thread's text (``_seed``: the thread's own words, without the segment
+    before it). Reading the last lines (a fork's look at its fork point) inflates the
+    open segment and that much of the first, whatever the thread's length."""
 
     __slots__ = ("chunks", "folded", "sealed", "tail")
 
@@ -76,10 +78,15 @@ class ItemLog:
 
     def plaintext(self) -> tuple[bytes, bytes]:
         """Every line, and the window: the last ``WINDOW_BYTES`` of the open segment's
-        stream (``ITEM_FRAMING``, then its folded part)."""
-        current = _inflate(b"".join(self.chunks))
-        text = b"".join(_inflate(data) for _, data in self.sealed) + current + self.tail
-        return text, (ITEM_FRAMING + current)[-WINDOW_BYTES:]
+        stream (its dictionary, then its folded part)."""
+        if not self.sealed:
+            current = _inflate(b"".join(self.chunks), ITEM_FRAMING)
+            return current + self.tail, (ITEM_FRAMING + current)[-WINDOW_BYTES:]
+        first = _inflate(self.sealed[0][1], ITEM_FRAMING)
+        seed = _seed(first)
+        later = b"".join(_inflate(data, seed) for _, data in self.sealed[1:])
+        current = _inflate(b"".join(self.chunks), seed)
+        return first + later + current + self.tail, (seed + current)[-WINDOW_BYTES:]
 
     def text_from(self, line: int) -> bytes:
         """The lines from the start of the segment that holds line ``line`` (0 is the
@@ -90,8 +97,12 @@ class ItemLog:
                 break
             start += count
             skip += 1
-        older = b"".join(_inflate(data) for _, data in self.sealed[skip:])
-        return older + _inflate(b"".join(self.chunks)) + self.tail
+        if skip == 0:
+            return self.plaintext()[0]
+        head = zlib.decompressobj(-15, zdict=ITEM_FRAMING)
+        seed = _seed(head.decompress(self.sealed[0][1], WINDOW_BYTES))
+        later = b"".join(_inflate(data, seed) for _, data in self.sealed[skip:])
+        return later + _inflate(b"".join(self.chunks), seed) + self.tail
 
     def head(self) -> bytes:
         """The first few bytes of the first line (its seq), inflating no more than that."""
@@ -114,10 +125,13 @@ class ItemLog:
     def _fold(self, window: bytes) -> bytes:
         if self.folded >= SEGMENT_BYTES:
             # Seal the open segment (counting its lines costs one inflate of it, once) and
-            # start the next stream afresh: the tail compresses against the framing.
+            # start the next stream afresh, from the seed.
             data = b"".join(self.chunks)
-            self.sealed = (*self.sealed, (_inflate(data).count(b"\n"), data))
-            self.chunks, self.folded, window = (), 0, ITEM_FRAMING
+            first = self.sealed[0][1] if self.sealed else data
+            head = zlib.decompressobj(-15, zdict=ITEM_FRAMING).decompress(first, WINDOW_BYTES)
+            text = _inflate(data, _seed(head) if self.sealed else ITEM_FRAMING)
+            self.sealed = (*self.sealed, (text.count(b"\n"), data))
+            self.chunks, self.folded, window = (), 0, _seed(head)
         self.folded += len(self.tail)
         strategy = zlib.Z_DEFAULT_STRATEGY
         deflate = zlib.compressobj(LEVEL, zlib.DEFLATED, -15, MEM_LEVEL, strategy, window)
@@ -135,10 +149,18 @@ class ItemLog:
         return sealed + sum(map(len, self.chunks)) + len(self.tail)
 
 
-def _inflate(data: bytes) -> bytes:
+def _inflate(data: bytes, dictionary: bytes) -> bytes:
     """One segment's text. Its chunks end in sync flushes, not final blocks, and each was
     compressed with the text before it as its dictionary: together they are one stream."""
-    return zlib.decompressobj(-15, zdict=ITEM_FRAMING).decompress(data) if data else b""
+    return zlib.decompressobj(-15, zdict=dictionary).decompress(data) if data else b""
+
+
+def _seed(first: bytes) -> bytes:
+    """The dictionary a segment after the first starts from: the framing, then the first
+    ``WINDOW_BYTES`` of the thread's text (``first`` may run on), the last 32 KiB of that.
+    With the framing alone, a 300-turn thread (413 KB of simulated model text) compressed
+    11 % worse than as one stream; with the thread's own first words, 0.2 % worse."""
+    return (ITEM_FRAMING + first[:WINDOW_BYTES])[-WINDOW_BYTES:]
 
 
 class SeenIds:
