@@ -80,9 +80,7 @@ def _sql_bytes(url: str, prefix: str = "") -> Callable[[list[str]], tuple[int, i
 def _memory_bytes(store: MemoryStore) -> Callable[[list[str]], tuple[int, int]]:
     def measure(ids: list[str]) -> tuple[int, int]:
         held = [store._threads[i] for i in ids]
-        nbytes = sum(
-            len(t.info) + len(t.calls) + sum(map(len, t.log.chunks)) + len(t.log.tail) for t in held
-        )
+        nbytes = sum(len(t.info) + len(t.calls) + t.log.nbytes() for t in held)
         return 1, nbytes // len(ids)
 
     return measure

@@ -24,6 +24,7 @@ from dormant.stores.base import (
     StoredItem,
     ThreadStatus,
 )
+from dormant.stores.memory import blob
 from dormant.stores.memory.blob import WINDOW_BYTES, ItemLog, SeenIds
 from dormant.stores.memory.store import MemoryStore
 from dormant.stores.memory.thread import DONE_ROWS_KEPT
@@ -159,3 +160,58 @@ def test_a_listing_by_status_decodes_only_the_threads_it_returns(
     store.set_status("t1", ThreadStatus.WAITING)
     assert [i.id for i in store.threads(ThreadStatus.STALLED)] == ["t4"]
     assert len(store.threads(ThreadStatus.WAITING)) == 5
+
+
+def _inflated(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the bytes of text the item log inflates from now on."""
+    counted: list[int] = []
+    real = blob.zlib.decompressobj
+
+    class Counting:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            self._inflate = real(*args, **kwargs)  # type: ignore[arg-type]
+
+        def decompress(self, data: bytes, max_length: int = 0) -> bytes:
+            out = self._inflate.decompress(data, max_length)
+            counted.append(len(out))
+            return out
+
+    monkeypatch.setattr(blob.zlib, "decompressobj", Counting)
+    return counted
+
+
+def test_the_last_items_of_a_long_idle_thread_read_back_inflating_one_segment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fork reads its source's items around its fork point: on a cold memory thread of
+    10,000 items that inflates no more text than on one of 100 (a segment's worth)."""
+    store = MemoryStore()
+    for size in (100, 10_000):
+        items = [
+            StoredItem(s, f"m{s}", UserText(text=f"question {s}: is build {s} green yet?"))
+            for s in range(1, size + 1)
+        ]
+        store.create_thread(NewThread(id=f"t{size}", agent="a", items=items))
+    assert store.stored_bytes("t10000") < 500_000 / 4  # made compressed, not left raw
+    counted = _inflated(monkeypatch)
+    for size in (100, 10_000):
+        counted.clear()
+        window = store.own_items_between(f"t{size}", size - 8, size)
+        assert [s.seq for s in window] == list(range(size - 7, size + 1))
+        assert sum(counted) <= 2 * blob.SEGMENT_BYTES, (size, sum(counted))
+
+
+def test_a_segmented_item_log_reads_back_every_window_exactly() -> None:
+    store = MemoryStore()
+    store.create_thread(NewThread(id="t", agent="a"))
+    for n in range(120):  # ~1.3 KB a turn, cooled after each: folds seal segments
+        turn(store, "t", n, ThreadStatus.IDLE)
+    items = [StoredItem(s.seq, s.message_id, s.item) for s in store.own_items("t")]  # decoded, once
+    assert len(store._threads["t"].log.sealed) >= 2
+    assert [s.seq for s in items] == list(range(1, 241))
+    rng = random.Random(5)
+    for _ in range(60):
+        after = rng.randrange(0, 240)
+        upto = rng.randrange(after, 241)
+        assert store.own_items_between("t", after, upto) == items[after:upto]
+    assert store.own_items_between("t", 230, 260) == items[230:]

@@ -35,7 +35,9 @@ from dormant.models.registry import register_provider
 from dormant.ops.check import check_store
 from dormant.replay.batch import pick_sources, replay_batch
 from dormant.replay.tools import MISS_PREFIX
+from dormant.runtime.history import WOKEN_BY_EVENT
 from dormant.stores.base import NewThread, Priority, Store, StoredItem, ThreadStatus
+from dormant.stores.memory.store import MemoryStore
 from dormant.stores.sql.store import SQLStore
 from dormant.tools.http import http_tool
 from dormant.tools.mcp import McpServer, McpTool
@@ -131,6 +133,8 @@ def _shape(items: list[Item]) -> list[object]:
             shaped.append((item.text, [(c.name, c.args) for c in item.calls]))
         elif isinstance(item, ToolResult):
             shaped.append((item.name, item.content, item.is_error))
+        elif isinstance(item, EventShown):
+            shaped.append((item.original_name, item.original_args, item.content))
         else:
             shaped.append(item)
     return shaped
@@ -570,3 +574,249 @@ def test_a_replay_slice_that_dies_and_is_delivered_again_adds_nothing_twice(
     fed = [s.message_id for s in harness.stored_history(replay) if isinstance(s.item, UserText)]
     assert fed == ["replay:1", "replay:5"]
     assert ran["lookup"] == 2
+
+
+def _delegating(items: Sequence[Item], offset: int = 0) -> Completion:
+    """A parent that hands ``delegate N`` to a child; the child looks order N up and
+    closes with a final report; the parent answers the report."""
+    seed = next(
+        (i for i in items if isinstance(i, ToolResult) and i.content.startswith("You are now")),
+        None,
+    )
+    last = items[-1]
+    if seed is not None:  # the child
+        if last is seed:
+            task = re.search(r"look up (\d+)", seed.content)
+            assert task is not None
+            return reply("", call("lookup", order=int(task[1])))
+        assert isinstance(last, ToolResult)
+        return reply("", call("close_thread", report=f"found: {last.content}"))
+    if isinstance(last, UserText) and last.text.startswith("delegate"):
+        n = int(last.text.split()[-1]) + offset
+        return reply("", call("spawn_thread", instructions=f"look up {n}"))
+    if isinstance(last, UserText) and last.text == "job slow":
+        return reply("starting", call("slow_job", name="slow"))
+    if isinstance(last, UserText):
+        return reply(f"you said {last.text}")
+    if isinstance(last, EventShown):
+        return reply(f"heard: {last.content}")
+    assert isinstance(last, ToolResult)
+    return reply(f"answer: {last.content}")
+
+
+@tool(deferred=True)
+def slow_job(name: str, ctx: ToolContext) -> None:
+    """Start a slow job; its result is delivered much later."""
+    ran["start_job"] += 1
+
+
+register_provider(
+    "delegating",
+    lambda name: ScriptedModel(lambda items: _delegating(items, offset=int(name == "other"))),
+)
+DELEGATING = Agent(
+    "delegator", model=ScriptedModel(_delegating), tools=[lookup, slow_job], threads=True
+)
+
+
+def test_a_replay_feeds_a_recorded_child_report_and_spawns_no_child(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([DELEGATING], settings=_settings(), store=open_store()) as system:
+        source = system.launch("delegator", "delegate 7")
+        system.run_until_idle()
+        (child,) = system.store.children(source)
+        assert ran["lookup"] == 1 and child.status is ThreadStatus.CLOSED
+        threads = len(system.store.threads(limit=100))
+
+        replay = system.replay(source, model="delegating:same", tag="kids")
+        system.run_until_idle()
+        found = system.diff(source, replay)
+        replayed = _after_fork(system, replay)
+
+        assert found.same, found.first_divergence
+        assert (found.served, found.missed, found.live) == (1, 0, 0)
+        assert _shape(replayed) == _shape(system.history(source, full=True))
+        report = [i for i in replayed if isinstance(i, EventShown)]
+        assert [(e.original_name, e.content) for e in report] == [
+            (
+                "spawn_thread",
+                f"Child thread {child.id} closed. Final report: found: order 7 shipped",
+            )
+        ]
+        assert system.store.children(replay) == []  # no child: nothing ran live
+        assert len(system.store.threads(limit=100)) == threads + 1
+        assert ran["lookup"] == 1
+        assert _outbox_rows(system.store, replay) in (None, 0)
+        assert system.thread(replay).status is ThreadStatus.IDLE
+
+
+def test_a_replay_never_spawns_a_child_the_record_does_not_have(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([DELEGATING], settings=_settings(), store=open_store()) as system:
+        source = system.launch("delegator", "delegate 7")
+        system.run_until_idle()
+        replays = [
+            system.replay(source, model="delegating:other", tools=ReplayTools(on_miss=on_miss))
+            for on_miss in ("error", "live")
+        ]
+        system.run_until_idle()
+
+        for replay in replays:
+            result = _after_fork(system, replay)[2]
+            assert isinstance(result, ToolResult) and result.is_error
+            assert result.content.startswith(
+                MISS_PREFIX + 'spawn_thread({"instructions":"look up 8"}) #1'
+            )
+            assert system.store.children(replay) == []
+            assert system.diff(source, replay).missed == 1
+        assert "not declared side_effect_free" in str(_after_fork(system, replays[1])[2])
+        assert ran["lookup"] == 1  # the source's child only
+
+
+def test_a_replay_holds_an_interrupted_call_and_feeds_its_late_result(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([DELEGATING], settings=_settings(), store=open_store()) as system:
+        source = system.launch("delegator", "job slow")
+        system.run_until_idle()
+        (job,) = [c for c in system.store.load(source).calls.values() if c.name == "slow_job"]
+        system.send(source, "hurry up")  # interrupts the job's call
+        system.run_until_idle()
+        system.deliver(source, job.call_id, "slow done")  # a late result: an event
+        system.run_until_idle()
+        late = [i for i in system.history(source) if isinstance(i, EventShown)]
+        assert [e.content for e in late] == ["late result: slow done"]
+        assert ran["start_job"] == 1
+
+        replay = system.replay(source, model="delegating:same")
+        system.run_until_idle()
+        found = system.diff(source, replay)
+
+        assert found.same, found.first_divergence
+        assert _shape(_after_fork(system, replay)) == _shape(system.history(source, full=True))
+        assert ran["start_job"] == 1  # the job never started again
+        assert _outbox_rows(system.store, replay) in (None, 0)
+        assert system.thread(replay).status is ThreadStatus.IDLE
+
+
+def test_a_replay_holds_a_sleep_an_event_woke_and_feeds_that_event(
+    open_store: StoreOpener,
+) -> None:
+    register_provider("watcher", lambda name: ScriptedModel(_watcher))
+    agent = Agent("watcher", model=ScriptedModel(_watcher), tools=[watch_prs])
+    sub = ToolCall(call_id="c1", name="watch_prs", args={"repo": "acme"})
+    nap = ToolCall(call_id="s1", name="sleep", args={"seconds": 3600})
+    event = EventShown(
+        call_id="e1",
+        original_call_id="c1",
+        original_name="watch_prs",
+        original_args={"repo": "acme"},
+        content="PR 7 opened",
+    )
+    items: list[tuple[str, Item]] = [
+        ("m1", UserText(text="acme")),
+        ("m2", AssistantTurn(calls=(sub,))),
+        ("m3", ToolResult(call_id="c1", name="watch_prs", content="watching acme")),
+        ("m4", AssistantTurn(text="ok: watching acme")),
+        ("m5", UserText(text="nap")),
+        ("m6", AssistantTurn(calls=(nap,))),
+        ("s1:woken", ToolResult(call_id="s1", name="sleep", content=WOKEN_BY_EVENT)),
+        ("m8", event),
+        ("m9", AssistantTurn(text="noted: PR 7 opened")),
+    ]
+    store = open_store()
+    stored = [StoredItem(seq, mid, item) for seq, (mid, item) in enumerate(items, 1)]
+    store.create_thread(NewThread(id="thr_woken", agent="watcher", items=stored))
+    with LocalSystem([agent], settings=_settings(), store=store) as system:
+        replay = system.replay("thr_woken", model="watcher:same")
+        system.run_until_idle()
+        found = system.diff("thr_woken", replay)
+        status = system.thread(replay).status
+
+    assert found.same, found.first_divergence
+    assert status is ThreadStatus.IDLE
+
+
+def test_threads_of_a_tag_are_found_by_it_whatever_their_age_paged(
+    open_store: StoreOpener,
+) -> None:
+    store = open_store()
+    for n in range(5):
+        store.create_thread(NewThread(id=f"thr_t{n}", agent="a", tag="replay:exp"))
+        store.create_thread(NewThread(id=f"thr_p{n}", agent="a"))
+    first = store.threads(limit=3, tag="replay:exp")
+    rest = store.threads(limit=3, tag="replay:exp", before=(first[-1].created_at, first[-1].id))
+    assert [i.id for i in first + rest] == [f"thr_t{n}" for n in (4, 3, 2, 1, 0)]
+    assert store.threads(tag="replay:other") == []
+
+
+class _CountingStore(MemoryStore):
+    """Counts the reads of all of one thread's own items (a replay's history reads them
+    up to its fork point only)."""
+
+    watched = ""
+    reads = 0
+
+    def own_items(self, thread_id: str, upto_seq: int | None = None) -> list[StoredItem]:
+        if thread_id == self.watched and upto_seq is None:
+            self.reads += 1
+        return super().own_items(thread_id, upto_seq)
+
+
+def test_a_replay_reads_its_source_transcript_once_not_once_a_slice() -> None:
+    store = _CountingStore()
+    with LocalSystem([AGENT], settings=_settings(), store=store) as system:
+        source = _recorded(system, "hello 1", "hello 2", "hello 3", "order 4")
+        store.watched = source
+        replay = system.replay(source, model="replaytest:same")
+        system.run_until_idle()
+        reads = store.reads
+        assert system.diff(source, replay).same
+
+    assert len([i for i in system.history(replay) if isinstance(i, UserText)]) == 4
+    assert reads == 1  # four slices at least, one read of the source
+
+
+def test_a_replay_feeds_inputs_the_source_read_together_in_one_turn(
+    open_store: StoreOpener,
+) -> None:
+    """A child's report and its closing report reached the source's model together (one
+    turn for both): the replay's model reads them together too."""
+    spawn = ToolCall(call_id="c1", name="spawn_thread", args={"instructions": "look up 7"})
+
+    def report(content: str) -> EventShown:
+        return EventShown(
+            call_id=f"e{len(content)}",
+            original_call_id="c1",
+            original_name="spawn_thread",
+            original_args=spawn.args,
+            content=content,
+        )
+
+    started = "Child thread thr_kid started. Its reports will reach you as events on this call."
+    closed = "Child thread thr_kid closed. Final report: found: order 7 shipped"
+    store = open_store()
+    _crafted(
+        store,
+        "thr_together",
+        "delegator",
+        [
+            UserText(text="delegate 7"),
+            AssistantTurn(calls=(spawn,)),
+            ToolResult(call_id="c1", name="spawn_thread", content=started),
+            AssistantTurn(text=f"answer: {started}"),
+            report("Report from child thread thr_kid: halfway"),
+            report(closed),
+            AssistantTurn(text=f"heard: {closed}"),
+        ],
+    )
+    with LocalSystem([DELEGATING], settings=_settings(), store=store) as system:
+        replay = system.replay("thr_together", model="delegating:same")
+        system.run_until_idle()
+        found = system.diff("thr_together", replay)
+        children = system.store.children(replay)
+
+    assert found.same, found.first_divergence
+    assert children == [] and ran["lookup"] == 0

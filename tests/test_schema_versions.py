@@ -28,7 +28,7 @@ from dormant.stores.sql import SQLStore, make_engine, upgrade
 from tests.test_cli_errors import CELERY, REFUSED, Ran, run
 
 BEHIND = "0009"
-HEAD = "0014"
+HEAD = "0015"
 AHEAD = "0099"
 BEHIND_SAYS = f"the schema is at {BEHIND}, this dormant needs {HEAD}: run `dormant db upgrade`"
 AHEAD_SAYS = f"the schema is at {AHEAD}, newer than this dormant knows (it needs {HEAD})"

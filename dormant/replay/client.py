@@ -67,12 +67,12 @@ class ForkMethods:
         replay's thread id (``diff`` compares the two).
 
         The replay is a fork just before that message. The source's outside inputs from
-        there on (user text, events) are fed in their recorded order, one per turn, while
-        the model runs live
-        with ``model`` (a model string, ``"openai:gpt-5-mini"``) and ``instructions`` in
-        place of the agent's. Tool calls are answered from the source's record, never by
-        running the tool (``ReplayTools`` says how they match and what a miss does); the
-        agent's thread tools are off. It runs at background priority under its own
+        there on (user text, events, timer fires, child reports, late results) are fed in
+        their recorded order, one per turn, while the model runs live with ``model`` (a
+        model string, ``"openai:gpt-5-mini"``) and ``instructions`` in place of the
+        agent's. Tool calls are answered from the source's record, never by running the
+        tool (``ReplayTools`` says how they match and what a miss does); a spawn is served
+        the source's child, and no child runs. It runs at background priority under its own
         ``budget``, in an admission flow of its own (``"replay:<tag>"``)."""
         made = start_replay(
             self.store,

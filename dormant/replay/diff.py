@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dormant.messages import AssistantTurn, EventShown, Item, Summary, ToolResult, UserText
-from dormant.replay.record import canonical
+from dormant.replay.record import THREAD_BUILTINS, canonical
 from dormant.replay.tools import MISS_PREFIX
 from dormant.stores.base import QueryStore, Spend, StoredItem, ThreadInfo
 from dormant.stores.lineage import full_history
@@ -159,7 +159,9 @@ def _origins(items: list[StoredItem]) -> tuple[int, int, int]:
     served = missed = live = 0
     for stored in items:
         result = stored.item
-        if not isinstance(result, ToolResult) or result.name in BUILTINS:
+        if not isinstance(result, ToolResult):
+            continue
+        if result.name in BUILTINS and result.name not in THREAD_BUILTINS:
             continue
         if stored.message_id.startswith("result:"):
             live += 1

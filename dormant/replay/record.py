@@ -23,11 +23,33 @@ from dormant.messages import (
 from dormant.stores.base import StoredItem
 from dormant.tools.builtins import BUILTINS
 
-__all__ = ["INPUT_PREFIX", "SERVED_BUILTINS", "Input", "Record", "call_key", "canonical"]
+__all__ = [
+    "HELD_SUFFIXES",
+    "INPUT_PREFIX",
+    "SERVED_BUILTINS",
+    "SLEEPS",
+    "THREAD_BUILTINS",
+    "Input",
+    "Record",
+    "call_key",
+    "canonical",
+]
 
-SERVED_BUILTINS = frozenset({"sleep", "sleep_until"})
-"""Built-ins a replay answers from the record too: a recorded timer's fire is served when
-the replay's model sleeps, instead of a wait as long as the source's."""
+SLEEPS = frozenset({"sleep", "sleep_until"})
+"""A recorded timer's fire is served when the replay's model sleeps, instead of a wait as
+long as the source's; a sleep the record lacks sets a timer of its own (nothing leaves)."""
+THREAD_BUILTINS = frozenset({"spawn_thread", "send_message_to_child"})
+"""Served from the record and never run: a child runs the real agent, its tools live. A
+served ``spawn_thread`` names the source's child, and that child's recorded reports are
+fed to it as events; a miss is a miss like any tool's (a built-in is never declared
+``side_effect_free``, so ``on_miss="live"`` refuses it too)."""
+SERVED_BUILTINS = SLEEPS | THREAD_BUILTINS
+"""Built-ins a replay answers from the record too."""
+
+HELD_SUFFIXES = (":interrupted", ":woken")
+"""The message ids of a first result the runtime gave a call when the next input arrived
+(user text interrupting it, an event waking a sleep): a replay holds such a call pending,
+with nothing started, and the fed input answers it the same way."""
 
 INPUT_PREFIX = "replay:"
 """A fed input's message id is this and the source seq it was recorded at: a slice run
@@ -53,6 +75,9 @@ class Input:
     seq: int
     text: str
     original_call_id: str | None = None
+    turns_before: int = 0
+    """The source's model turns before it (after the fork point): inputs with no turn
+    between them reached the model together, and are fed together."""
 
 
 @dataclass
@@ -66,20 +91,26 @@ class Record:
     source's call it answered (``ToolResult.call_id``): events on that call are fed to it."""
     inputs: list[Input] = field(default_factory=list)
     """After the fork point."""
+    held: set[str] = field(default_factory=set)
+    """The source's calls whose first result came with the next input (``HELD_SUFFIXES``):
+    interrupted by user text (a late result may follow, as an event), or a sleep woken by
+    an event."""
 
     @classmethod
     def of(cls, transcript: list[StoredItem], after_seq: int, match: str) -> Record:
         record = cls()
         calls: dict[str, ToolCall] = {}
+        turns = 0
         for stored in transcript:
             if stored.seq <= after_seq:
                 continue
             item = stored.item
             if isinstance(item, UserText):
-                record.inputs.append(Input(stored.seq, item.text))
+                record.inputs.append(Input(stored.seq, item.text, None, turns))
             elif isinstance(item, EventShown):
-                record.inputs.append(Input(stored.seq, item.content, item.original_call_id))
+                record.inputs.append(Input(stored.seq, item.content, item.original_call_id, turns))
             elif isinstance(item, AssistantTurn):
+                turns += 1
                 for c in item.calls:
                     if c.name in SERVED_BUILTINS or (
                         c.name != EVENT_TOOL_NAME and c.name not in BUILTINS
@@ -88,6 +119,8 @@ class Record:
             elif isinstance(item, ToolResult) and item.call_id in calls:
                 made = calls.pop(item.call_id)  # the first result only
                 record.results[call_key(made, match)].append(item)
+                if stored.message_id in {f"{item.call_id}{s}" for s in HELD_SUFFIXES}:
+                    record.held.add(item.call_id)
         return record
 
     def inputs_after(self, after_seq: int) -> list[Input]:

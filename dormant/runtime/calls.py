@@ -75,9 +75,12 @@ def start_call(
         return answer(error, is_error=True)
     served = serve(agent, call, tool, applied.calls)  # a replay answers from its record
     if served is not None:
+        if served.held:  # answered by the next fed input, as the source's was
+            record(CallState.PENDING, subscription=tool.subscription, passive=tool.passive)
+            return None
         turn.closing = turn.closing or served.stop
-        live = tool.subscription and not served.is_error  # its recorded events are fed
-        return answer(served.content, served.is_error, state=_subscribed_if(live))
+        # A subscription's recorded events, a spawn's recorded reports are fed to it.
+        return answer(served.content, served.is_error, state=_subscribed_if(served.subscribed))
     if not tool.builtin:
         record(CallState.PENDING, subscription=tool.subscription)
         if not ask_approval(agent, tool, call, ctx.thread, turn, applied, ctx.now):

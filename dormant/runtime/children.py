@@ -35,6 +35,7 @@ from dormant.stores.base import (
 from dormant.stores.closing import streams_to_stop
 
 __all__ = [
+    "CLOSED_REPORT",
     "EVENT_SEED_PREFIX",
     "SEED_PREFIX",
     "close_thread",
@@ -52,6 +53,11 @@ trace links to the parent's slice rather than continuing it (``dormant.tracing``
 EVENT_SEED_PREFIX = "event:"
 """A threaded event's seed in its temporary child has the message id of the subscriber's
 row, with this prefix (``dormant check`` follows an event there)."""
+
+
+CLOSED_REPORT = "Child thread "
+"""How a closing child's final report starts (then its id and ``closed.``): its parent's
+spawn call takes no more reports after it (a replay feeds it as final)."""
 
 
 def new_thread_id() -> str:
@@ -164,7 +170,7 @@ def close_thread(
             text = f"The thread that processed an event on subscription {sub} reports: {report}"
             report_to_parent(thread, text, call, final=False, turn=turn)
         return
-    closing = f"Child thread {thread.id} closed." + (f" Final report: {report}" if report else "")
+    closing = f"{CLOSED_REPORT}{thread.id} closed." + (f" Final report: {report}" if report else "")
     report_to_parent(thread, closing, call, final=True, turn=turn)
 
 

@@ -32,6 +32,7 @@ from dormant.stores.base import (
     ThreadStatus,
 )
 from dormant.stores.lineage import full_history, tail
+from dormant.stores.rawitem import item_kind
 
 __all__ = ["FORK_KEY", "ForkStore", "OpenCalls", "fork_record", "fork_thread", "open_at"]
 
@@ -41,7 +42,7 @@ FORK_KEY = "fork"
 """The fork's metadata key: its source, fork point, the source agent's version and the
 ``open_calls`` mode, so a reader of the fork alone knows where it came from."""
 
-_WINDOW = 32
+_WINDOW = 8
 """Items read back from the fork point at first; a longer stretch without an assistant
 turn (a burst of events) reads four times more, until one is found."""
 
@@ -131,7 +132,9 @@ def open_at(store: ForkStore, source: ThreadInfo, at_seq: int) -> list[ToolCall]
         if at_seq < 1 or not window or window[-1].seq != at_seq:
             last = _last_seq(store, source)
             raise InvalidForkPoint(source.id, at_seq, f"its history runs from 1 to {last}")
-        turns = [i for i, s in enumerate(window) if isinstance(s.item, AssistantTurn)]
+        # By kind: a raw item tells it undecoded; only the items from the last turn on are
+        # decoded, so a long window costs its reading, not its decoding.
+        turns = [i for i, s in enumerate(window) if item_kind(s) == "assistant"]
         if turns or len(window) < count:
             since = window[turns[-1] if turns else 0 :]
             break

@@ -50,6 +50,7 @@ from dormant.stores.base import CallRecord, CallState, InboxRow, ThreadInfo, Thr
 
 __all__ = [
     "INTERRUPTED",
+    "LATE_RESULT",
     "SCHEDULED",
     "Applied",
     "Decide",
@@ -63,6 +64,8 @@ __all__ = [
 
 INTERRUPTED = "interrupted by the user"
 WOKEN_BY_EVENT = "woken up: an event arrived"
+LATE_RESULT = "late result: "
+"""How a result for an interrupted call is shown: an event with this and its content."""
 SCHEDULED = "schedule:"
 """The message id prefix of a timer a tool set with ``ToolContext.schedule``."""
 
@@ -204,7 +207,7 @@ class _Rules:
                 self._skip(row)
             case CallState.INTERRUPTED:
                 # Never drop a real result: show it as a late event on that call.
-                self._event(row, call.call_id, f"late result: {result.content}", final=False)
+                self._event(row, call.call_id, f"{LATE_RESULT}{result.content}", final=False)
             case CallState.SUBSCRIBED:
                 self._event(row, call.call_id, result.content, final=False, threaded=True)
             case CallState.CANCELLED:

@@ -317,9 +317,8 @@ class _Slice(SliceWatch, SliceCommit):
                 if overtaken is not None:
                     return overtaken, None
                 return self._fail(snap, error)
-        fed = feed(agent, snap, turn.items, applied.calls, turn.closing)
-        if fed is not None:  # a replay's next recorded input, queued with this turn
-            turn.enqueue.append(fed)
+        # A replay's next recorded inputs, queued with this turn.
+        turn.enqueue += feed(agent, snap, turn.items, applied.calls, turn.closing)
         committed = self._commit(snap, applied, turn)
         if turn.meter is not None and turn.meter.stopped and self.committed:
             self.trace.event("dormant.budget.stop", {"dormant.reason": turn.meter.stopped})

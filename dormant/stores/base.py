@@ -178,8 +178,10 @@ class QueryStore(Protocol):
         *,
         agent: str | None = None,
         before: tuple[datetime, str] | None = None,
+        tag: str | None = None,
     ) -> list[ThreadInfo]:
-        """Threads newest first (by ``created_at``, then ``id``), of ``agent`` if given.
+        """Threads newest first (by ``created_at``, then ``id``), of ``agent`` if given,
+        with ``tag`` if given (``ThreadInfo.tag``: a replay's is ``replay:<its tag>``).
 
         ``before`` is the ``(created_at, id)`` of the last thread of a previous page: the
         page after it (keyset paging, as fast on the thousandth page as on the first)."""

@@ -133,7 +133,7 @@ class Dashboard:
             return self._thread(request, info, now)
         if path == "replays" and request.method == "GET":
             tag = request.query.get("tag", "")
-            body = replays_body(self.client.store, tag, request.root, now)
+            body = replays_body(self.client.store, tag, request.root, now, request.query)
             nav = f'<a href="{esc(request.root)}">threads</a> / replays {esc(tag)}'
             return self._html(request, 200, f"replays {tag}", body, nav)
         if path == "thread/state" and request.method == "GET":

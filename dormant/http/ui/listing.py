@@ -14,7 +14,7 @@ from dormant.errors import MalformedMessage
 from dormant.http.ui.html import STATUSES, ago, badge, esc, href, short
 from dormant.stores.base import QueryStore, ThreadInfo, ThreadStatus
 
-__all__ = ["PAGE_SIZE", "ListQuery", "list_body"]
+__all__ = ["PAGE_SIZE", "ListQuery", "cursor", "list_body"]
 
 PAGE_SIZE = 50
 
@@ -45,7 +45,8 @@ class ListQuery:
         return cls(ThreadStatus(status) if status else None, query.get("agent") or None, before)
 
 
-def _cursor(info: ThreadInfo) -> str:
+def cursor(info: ThreadInfo) -> str:
+    """A page cursor: where the next page starts (``ListQuery``'s ``before``)."""
     return f"{info.created_at.isoformat()}~{info.id}"
 
 
@@ -61,7 +62,7 @@ def list_body(store: QueryStore, query: ListQuery, root: str, now: datetime) -> 
     if query.before is not None:
         pager.append(f'<a href="{href(root, "", status=status, agent=query.agent)}">« newest</a>')
     if more:
-        older = href(root, "", status=status, agent=query.agent, before=_cursor(shown[-1]))
+        older = href(root, "", status=status, agent=query.agent, before=cursor(shown[-1]))
         pager.append(f'<a class="older" href="{older}">older »</a>')
     return f"""
 <section class="filters">

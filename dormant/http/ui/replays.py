@@ -1,39 +1,53 @@
 """The page comparing the replays of a tag: each with its source, where it first
 diverged, the calls served, missed and run live, and the two final answers side by side.
 
-Replays are found among the newest ``SCAN_LIMIT`` threads by their tag (``threads.tag``):
-a page for the experiment just run, not an archive (``dormant replay``'s JSON report is).
+Replays are found by their tag (``threads.tag``, indexed: migration 0015), newest first,
+``PAGE_SIZE`` a page (keyset paging like the thread list): a tag's replays of any age,
+each page diffed on its own. ``dormant replay``'s JSON report holds a batch's totals.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 
 from dormant.http.ui.html import ago, badge, esc, href, short
+from dormant.http.ui.listing import PAGE_SIZE, ListQuery, cursor
 from dormant.replay.diff import ReplayDiff, diff_threads
 from dormant.stores.base import QueryStore, ThreadInfo
 
-__all__ = ["SCAN_LIMIT", "replays_body"]
-
-SCAN_LIMIT = 2000
-"""The newest threads looked through for the tag's replays."""
+__all__ = ["replays_body"]
 
 
-def replays_body(store: QueryStore, tag: str, root: str, now: datetime) -> str:
-    """The tag's replays, newest first, one row each, and their totals."""
-    found = [i for i in store.threads(limit=SCAN_LIMIT) if i.tag == f"replay:{tag}"]
+def replays_body(
+    store: QueryStore, tag: str, root: str, now: datetime, query: Mapping[str, str] | None = None
+) -> str:
+    """One page of the tag's replays, newest first, one row each, the page's totals and
+    the link to the next page (``query``'s ``before``: ``MalformedMessage`` if no cursor)."""
+    before = ListQuery.parse({"before": (query or {}).get("before", "")}).before
+    found = store.threads(limit=PAGE_SIZE + 1, tag=f"replay:{tag}", before=before)
+    shown, more = found[:PAGE_SIZE], len(found) > PAGE_SIZE
     diffs = [
-        (info, diff_threads(store, info.metadata["replay"]["source"], info.id)) for info in found
+        (info, diff_threads(store, info.metadata["replay"]["source"], info.id)) for info in shown
     ]
     same = sum(d.same for _, d in diffs)
     rows = "".join(_row(info, d, root, now) for info, d in diffs) or (
         '<tr><td colspan="7" class="empty">No replays with this tag.</td></tr>'
     )
+    paged = before is not None or more
+    pager = []
+    if before is not None:
+        pager.append(f'<a href="{href(root, "replays", tag=tag)}">« newest</a>')
+    if more:
+        older = href(root, "replays", tag=tag, before=cursor(shown[-1]))
+        pager.append(f'<a class="older" href="{older}">older »</a>')
+    counted = f"{len(diffs)} replays{' on this page' if paged else ''}"
     return f"""<h1>replays <span class="mono">{esc(tag)}</span></h1>
-<p class="totals">{len(diffs)} replays: {same} same, {len(diffs) - same} diverged</p>
+<p class="totals">{counted}: {same} same, {len(diffs) - same} diverged</p>
 <table class="threads replays"><thead><tr><th>replay</th><th>source</th><th>status</th>
 <th>first divergence</th><th>served / missed / live</th><th>source answer</th>
-<th>replay answer</th></tr></thead><tbody>{rows}</tbody></table>"""
+<th>replay answer</th></tr></thead><tbody>{rows}</tbody></table>
+<nav class="pager">{" ".join(pager)}</nav>"""
 
 
 def _row(info: ThreadInfo, d: ReplayDiff, root: str, now: datetime) -> str:

@@ -58,7 +58,7 @@ from dormant.stores.base import (
 )
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.memory import thread as stored
-from dormant.stores.memory.blob import unpack_lines
+from dormant.stores.memory.blob import ITEM_FRAMING, unpack_lines
 from dormant.stores.memory.closing import MemoryClosing
 from dormant.stores.memory.ledger import MemoryLedger, MemorySpending
 from dormant.stores.memory.retention import MemoryRetention, _waiting
@@ -122,6 +122,8 @@ class MemoryStore(
             )
             t = stored.stored_thread(info)
             t.log.append(b"".join(map(item_line, thread.items)))
+            if len(t.log.tail) >= stored.FOLD_BYTES:  # made with a history (a fork's own
+                t.log.fold(ITEM_FRAMING)  # items are few): compressed, as a cooled one's
             if thread.calls:
                 t.calls = stored.pack_calls({c.call_id: c for c in thread.calls})
             for message_id, message, priority in thread.messages:
@@ -147,6 +149,7 @@ class MemoryStore(
         *,
         agent: str | None = None,
         before: tuple[datetime, str] | None = None,
+        tag: str | None = None,
     ) -> list[ThreadInfo]:
         with self._lock:
             infos = [
@@ -158,6 +161,7 @@ class MemoryStore(
             i
             for i in infos
             if (agent is None or i.agent == agent)
+            and (tag is None or i.tag == tag)
             and (before is None or (i.created_at, i.id) < before)
         ]
         infos.sort(key=lambda i: (i.created_at, i.id), reverse=True)
@@ -235,8 +239,10 @@ class MemoryStore(
             t = self._get(thread_id)
             if t.hot is not None:
                 items: list[StoredItem] | list[bytes] = list(t.hot.items)
-            else:  # a cold thread's log is one deflate stream: inflate, parse only the window
-                items = t.log.plaintext()[0].split(b"\n")[:-1]
+            else:  # a cold thread's log: inflate its last segments, parse only the window
+                head = t.log.head()
+                first = int(head.split(b"\t", 1)[0]) if head else 0
+                items = t.log.text_from(after_seq + 1 - first).split(b"\n")[:-1]
         # Seqs are dense from the first own item on: the window is a slice, not a scan.
         first = _seq_of(items[0]) if items else 0
         start, stop = max(0, after_seq + 1 - first), max(0, upto_seq + 1 - first)

@@ -225,6 +225,7 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
         *,
         agent: str | None = None,
         before: tuple[datetime, str] | None = None,
+        tag: str | None = None,
     ) -> list[ThreadInfo]:
         threads = self._schema.threads
         query = select(threads).order_by(threads.c.created_at.desc(), threads.c.id.desc())
@@ -232,6 +233,8 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
             query = query.where(threads.c.status == status.value)
         if agent is not None:
             query = query.where(threads.c.agent == agent)
+        if tag is not None:
+            query = query.where(threads.c.tag == tag)
         if before is not None:
             created_at, thread_id = before
             key = tuple_(threads.c.created_at, threads.c.id)

@@ -315,6 +315,8 @@ def schema(prefix: str = "") -> Schema:
             # the idle sweep's order, ``id`` included: a LIMIT stops after its rows even
             # among threads idle since the same instant (migration 0009)
             partial("threads_idle", "agent", "updated_at", "id", where="status = 'idle'"),
+            # a replay tag's threads, newest first (migration 0015): replays only
+            partial("threads_tagged", "tag", "created_at", "id", where="tag IS NOT NULL"),
         ),
         items=table(
             ItemColumns,
