@@ -36,7 +36,12 @@ class SQLClaims:
     _schema: Schema
 
     def _tx(
-        self, *, write: bool = False, snapshot: bool = False, direct: bool = False
+        self,
+        *,
+        write: bool = False,
+        snapshot: bool = False,
+        direct: bool = False,
+        alone: bool = False,
     ) -> AbstractContextManager[Connection]:
         raise NotImplementedError
 
@@ -74,7 +79,7 @@ class SQLClaims:
         """Start a run of the row, held until ``until``: the run's number, or 0 if it ran
         already or a live run holds it (a duplicate task then does nothing)."""
         params = {"row_id": outbox_id, "now": _now(), "until": as_utc(until)}
-        with self._tx(write=True, direct=True) as conn:
+        with self._tx(write=True, direct=True, alone=True) as conn:
             found = run(conn, prepared(conn).claim_outbox, params).scalars()
             return int(found[0]) if found else 0
 
@@ -92,7 +97,7 @@ class SQLClaims:
     def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
         """Extend the running task's claim (its heartbeat); False once the row ran."""
         params = {"row_id": outbox_id, "until": as_utc(until)}
-        with self._tx(write=True, direct=True) as conn:
+        with self._tx(write=True, direct=True, alone=True) as conn:
             return run(conn, prepared(conn).renew_outbox_claim, params).rowcount == 1
 
     @retry_busy

@@ -172,12 +172,19 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
 
     @contextmanager
     def _tx(
-        self, *, write: bool = False, snapshot: bool = False, direct: bool = False
+        self,
+        *,
+        write: bool = False,
+        snapshot: bool = False,
+        direct: bool = False,
+        alone: bool = False,
     ) -> Iterator[Connection]:
         """One transaction; ``write`` takes SQLite's lock up front, ``snapshot`` makes
         PostgreSQL reads agree with each other. ``direct`` (for a body that runs only
         ``direct.py`` statements) opens it on the driver connection, without SQLAlchemy's
-        per-transaction work: the connection is then not a real ``Connection``."""
+        per-transaction work: the connection is then not a real ``Connection``. ``alone``
+        (with ``direct``, for a body of one statement): on PostgreSQL the statement is its
+        own transaction, one round trip where ``BEGIN``, it and ``COMMIT`` are three."""
         if not self._schema_checked:
             self._check_schema_and_say()
         if self._caller is not None:
@@ -192,7 +199,9 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
             with (
                 self._serial,
                 writer,
-                direct_transaction(self._engine, options, begin=begin, snapshot=snapshot) as raw,
+                direct_transaction(
+                    self._engine, options, begin=begin, snapshot=snapshot, alone=alone
+                ) as raw,
             ):
                 yield cast(Connection, raw)
             return
@@ -466,7 +475,9 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
         row is final)."""
         if not outbox_ids:
             return
-        with self._tx(write=True, direct=True) as conn:
+        # Each row's stamp stands alone (a row is stamped or not): no need for one
+        # transaction around several.
+        with self._tx(write=True, direct=True, alone=True) as conn:
             ready = prepared(conn)
             stmt = ready.mark_ran if ran else ready.mark_dispatched
             now = _now()
