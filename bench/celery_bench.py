@@ -62,7 +62,10 @@ class Bench:
                 argv += ["--without-mingle"]
             else:
                 argv = [sys.executable, str(HERE / "celery_worker.py"), str(concurrency), name]
-            env = {**os.environ, **self.env, "PYTHONPATH": str(HERE)}
+            # A PYTHONPATH of the caller's comes after bench/ (another tree's package, to
+            # measure it beside this one: docs/benchmarks.md).
+            path = os.pathsep.join(p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)
+            env = {**os.environ, **self.env, "PYTHONPATH": path}
             self.log.parent.mkdir(parents=True, exist_ok=True)
             with open(self.log, "ab") as log:
                 worker = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -36,7 +36,12 @@ class SQLClaims:
     _schema: Schema
 
     def _tx(
-        self, *, write: bool = False, snapshot: bool = False, direct: bool = False
+        self,
+        *,
+        write: bool = False,
+        snapshot: bool = False,
+        direct: bool = False,
+        alone: bool = False,
     ) -> AbstractContextManager[Connection]:
         raise NotImplementedError
 
@@ -73,16 +78,10 @@ class SQLClaims:
     def claim_outbox(self, outbox_id: int, until: datetime) -> int:
         """Start a run of the row, held until ``until``: the run's number, or 0 if it ran
         already or a live run holds it (a duplicate task then does nothing)."""
-        outbox = self._schema.outbox
-        free = or_(outbox.c.claimed_until.is_(None), outbox.c.claimed_until < _now())
-        with self._tx(write=True) as conn:
-            run = conn.execute(
-                update(outbox)
-                .where(outbox.c.id == outbox_id, outbox.c.ran_at.is_(None), free)
-                .values(claimed_until=as_utc(until), runs=outbox.c.runs + 1)
-                .returning(outbox.c.runs)
-            ).scalar()
-            return run or 0
+        params = {"row_id": outbox_id, "now": _now(), "until": as_utc(until)}
+        with self._tx(write=True, direct=True, alone=True) as conn:
+            found = run(conn, prepared(conn).claim_outbox, params).scalars()
+            return int(found[0]) if found else 0
 
     @retry_busy
     def unclaim_outbox(self, outbox_id: int) -> None:
@@ -97,14 +96,9 @@ class SQLClaims:
     @retry_busy
     def renew_outbox_claim(self, outbox_id: int, until: datetime) -> bool:
         """Extend the running task's claim (its heartbeat); False once the row ran."""
-        outbox = self._schema.outbox
-        with self._tx(write=True) as conn:
-            renewed = conn.execute(
-                update(outbox)
-                .where(outbox.c.id == outbox_id, outbox.c.ran_at.is_(None))
-                .values(claimed_until=as_utc(until))
-            )
-            return renewed.rowcount == 1
+        params = {"row_id": outbox_id, "until": as_utc(until)}
+        with self._tx(write=True, direct=True, alone=True) as conn:
+            return run(conn, prepared(conn).renew_outbox_claim, params).rowcount == 1
 
     @retry_busy
     def expired_claims(self, now: datetime, limit: int = 100) -> list[OutboxRow]:

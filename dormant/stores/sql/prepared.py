@@ -250,6 +250,23 @@ class Prepared:
         self.mark_ran: Update = (
             update(outbox).where(*ids_unran).values(ran_at=bindparam("now", type_=stamp_type))
         )
+        # tool runs' claims (``claims.py``): one per tool run, one per renewal
+        claim_type = outbox.c.claimed_until.type
+        free = or_(
+            outbox.c.claimed_until.is_(None),
+            outbox.c.claimed_until < bindparam("now", type_=claim_type),
+        )
+        self.claim_outbox: Update = (
+            update(outbox)
+            .where(*ids_unran, free)
+            .values(claimed_until=bindparam("until", type_=claim_type), runs=outbox.c.runs + 1)
+            .returning(outbox.c.runs)
+        )
+        self.renew_outbox_claim: Update = (
+            update(outbox)
+            .where(*ids_unran)
+            .values(claimed_until=bindparam("until", type_=claim_type))
+        )
         # timers
         self.insert_timers: Insert = ins(timers).on_conflict_do_nothing(
             index_elements=["thread_id", "message_id"]

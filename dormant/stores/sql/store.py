@@ -172,12 +172,20 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
 
     @contextmanager
     def _tx(
-        self, *, write: bool = False, snapshot: bool = False, direct: bool = False
+        self,
+        *,
+        write: bool = False,
+        snapshot: bool = False,
+        direct: bool = False,
+        alone: bool = False,
     ) -> Iterator[Connection]:
         """One transaction; ``write`` takes SQLite's lock up front, ``snapshot`` makes
         PostgreSQL reads agree with each other. ``direct`` (for a body that runs only
         ``direct.py`` statements) opens it on the driver connection, without SQLAlchemy's
-        per-transaction work: the connection is then not a real ``Connection``."""
+        per-transaction work: the connection is then not a real ``Connection``. ``alone``
+        (with ``direct``, for a body of one statement, or of reads that need not agree):
+        on PostgreSQL each statement is its own transaction, one round trip where
+        ``BEGIN``, it and ``COMMIT`` are three."""
         if not self._schema_checked:
             self._check_schema_and_say()
         if self._caller is not None:
@@ -192,7 +200,9 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
             with (
                 self._serial,
                 writer,
-                direct_transaction(self._engine, options, begin=begin, snapshot=snapshot) as raw,
+                direct_transaction(
+                    self._engine, options, begin=begin, snapshot=snapshot, alone=alone
+                ) as raw,
             ):
                 yield cast(Connection, raw)
             return
@@ -214,7 +224,7 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
 
     @retry_busy
     def thread(self, thread_id: str) -> ThreadInfo:
-        with self._tx(direct=True) as conn:
+        with self._tx(direct=True, alone=True) as conn:
             return rows.get_thread(conn, thread_id)
 
     @retry_busy
@@ -343,7 +353,7 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
     def has_pending_after(
         self, thread_id: str, inbox_id: int, *, user_text_only: bool = False
     ) -> bool:
-        with self._tx(direct=True) as conn:
+        with self._tx(direct=True, alone=True) as conn:
             ready = prepared(conn)
             query = ready.user_pending_after if user_text_only else ready.pending_after
             params = {"thread_id": thread_id, "after": inbox_id}
@@ -406,7 +416,8 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
 
     @retry_busy
     def call(self, thread_id: str, call_id: str) -> CallRecord:
-        with self._tx(direct=True) as conn:
+        # Alone: the second read runs only to say which is unknown, the thread or the call.
+        with self._tx(direct=True, alone=True) as conn:
             params = {"thread_id": thread_id, "call_id": call_id}
             row = run(conn, prepared(conn).call, params).first()
             if row is None:
@@ -469,7 +480,9 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
         row is final)."""
         if not outbox_ids:
             return
-        with self._tx(write=True, direct=True) as conn:
+        # Each row's stamp stands alone (a row is stamped or not): no need for one
+        # transaction around several.
+        with self._tx(write=True, direct=True, alone=True) as conn:
             ready = prepared(conn)
             stmt = ready.mark_ran if ran else ready.mark_dispatched
             now = _now()
