@@ -7,16 +7,15 @@ threads idle past their agent's limit and, with ``Settings.prune_older_than_s``,
 
 from __future__ import annotations
 
-import atexit
 import functools
 import heapq
 import itertools
 import logging
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
 from types import TracebackType
 
@@ -48,16 +47,6 @@ __all__ = ["LocalSystem", "open_store"]
 log = logging.getLogger("dormant.local")
 
 Listener = Callable[[Event], None]
-
-_open_systems: weakref.WeakSet[LocalSystem] = weakref.WeakSet()
-"""Systems not closed yet: at exit their workers finish what is queued (daemon threads
-would otherwise die with it), as an executor's did."""
-
-
-@atexit.register
-def _drain_at_exit() -> None:
-    for system in list(_open_systems):
-        system._stop_workers()
 
 
 def open_store(
@@ -140,14 +129,8 @@ class LocalSystem(BaseClient):
         self.lease: MemoryLease = MemoryLease()
         self.live: MemoryLive = MemoryLive()
         self._log = _EventLog(self.live)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dormant")
         self._lock = threading.Lock()
-        self._max_workers = workers
-        self._workers: list[threading.Thread] = []
-        """Started as work comes, up to ``workers``; each takes the most urgent work next."""
-        self._waiting_workers = 0
-        self._work = threading.Condition(self._lock)
-        self._closing = False
-        _open_systems.add(self)
         self._queued: dict[str, int] = {}
         """Threads with a slice waiting in ``_ready``, and the highest priority it has."""
         self._ready: list[tuple[int, int, Callable[..., None], object]] = []
@@ -211,7 +194,7 @@ class LocalSystem(BaseClient):
         self._stop.set()
         self._nudge.set()
         self._sweeper.join()
-        self._stop_workers()
+        self._pool.shutdown(wait=True)
         if self.whereabouts is not None:
             self.whereabouts.withdraw()
         self.store.close()
@@ -327,59 +310,27 @@ class LocalSystem(BaseClient):
             self.store.unclaim_outbox(row.id)
 
     def _submit(self, fn: Callable[..., None], arg: object, priority: int) -> None:
-        """Queue ``fn(arg)`` by priority: the worker that frees up next runs the most
-        urgent queued work (user text before tool results), not the oldest.
-
-        The workers take work from this queue themselves: handing it over costs a push
-        and a notify, where an executor's ``submit`` built a future, its condition and a
-        callback for each slice and tool run (about 5 % of the reference workload's CPU).
-        """
+        """Queue ``fn(arg)`` by priority: the pool thread that frees up next runs the most
+        urgent queued work (user text before tool results), not the oldest."""
         with self._lock:
-            if self._closing:
-                raise RuntimeError("LocalSystem is closed: no new work")
             self._in_flight += 1
             heapq.heappush(self._ready, (-priority, next(self._arrivals), fn, arg))
-            if self._waiting_workers == 0 and len(self._workers) < self._max_workers:
-                name = f"dormant_{len(self._workers)}"
-                worker = threading.Thread(target=self._work_loop, name=name, daemon=True)
-                self._workers.append(worker)
-                worker.start()
-            else:
-                self._work.notify()
+        future: Future[None] = self._pool.submit(self._run_next)
+        future.add_done_callback(self._finished)
 
-    def _stop_workers(self) -> None:
-        """Let the workers finish what is queued, then end them."""
+    def _run_next(self) -> None:
         with self._lock:
-            self._closing = True
-            self._work.notify_all()
-            workers = list(self._workers)
-        for worker in workers:
-            if worker is not threading.current_thread():  # closed from its own work
-                worker.join()
-        _open_systems.discard(self)
+            _, _, fn, arg = heapq.heappop(self._ready)
+        fn(arg)
 
-    def _work_loop(self) -> None:
-        """A worker: run the most urgent queued work until closed with none left."""
-        while True:
-            with self._lock:
-                while not self._ready and not self._closing:
-                    self._waiting_workers += 1
-                    self._work.wait()
-                    self._waiting_workers -= 1
-                if not self._ready:
-                    return
-                _, _, fn, arg = heapq.heappop(self._ready)
-            error: BaseException | None = None
-            try:
-                fn(arg)
-            except BaseException as failed:  # kept for run_until_idle, as a future kept it
-                error = failed
-            with self._idle:
-                if error is not None:
-                    log.error("background task failed", exc_info=error)
-                    self._errors.append(error)
-                self._in_flight -= 1
-                self._idle.notify_all()
+    def _finished(self, future: Future[None]) -> None:
+        error = future.exception()
+        with self._idle:
+            if error is not None:
+                log.error("background task failed", exc_info=error)
+                self._errors.append(error)
+            self._in_flight -= 1
+            self._idle.notify_all()
 
     def _raise_errors(self) -> None:
         with self._lock:
