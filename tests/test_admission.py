@@ -304,6 +304,7 @@ def test_a_slice_refused_admission_ends_at_once_and_finishes_when_capacity_retur
         "admitted": 2,
         "refused": 1,
         "deferred": 1,
+        "parked": 0,
         "rate_limited": 0,
         "asleep_s": 0,
     }

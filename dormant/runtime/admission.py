@@ -15,6 +15,10 @@ below the rate it was configured with while the provider answers every call. Oth
 retryable failures (a 5xx, a dropped stream) are retried in the slot as before, each retry
 admitted again.
 
+An admitted call wakes the threads parked behind it (``Limiter.next_due``: launches that
+took their place without a slice, ``park``) with a countdown to each one's turn
+(``SliceDeps.wake_in``), so a parked thread runs one slice, the one that calls its model.
+
 A model without a limit keeps today's retry-with-sleep (``complete_with_retry``); its 429s
 (``rate_limited``) and the seconds slept (``asleep_s``) are counted, so a deployment sees
 what its slots spend asleep.
@@ -25,9 +29,10 @@ from __future__ import annotations
 import logging
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
+from typing import Any
 
 from dormant.errors import ModelRetryable, Throttled
 from dormant.models.base import ChunkSink, Completion, Model, ModelRequest
@@ -46,8 +51,11 @@ __all__ = [
     "complete_admitted",
     "defer",
     "estimate_tokens",
+    "flow_of",
     "limit_for",
+    "line_of",
     "next_deferred",
+    "park",
 ]
 
 log = logging.getLogger("dormant.admission")
@@ -69,12 +77,36 @@ assert PLACE_BACKSTOP_S < PLACE_KEPT_S
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """Who asks: the thread, whether user text woke it, and its flow (agent or tenant)."""
+    """Who asks: the thread, whether user text woke it, its flow (agent or tenant), and its
+    line (``line_of``)."""
 
     thread_id: str
     interactive: bool
     flow: str
     weight: float = 1.0
+    line: str = ""
+
+
+def flow_of(agent: str, metadata: Mapping[str, Any]) -> str:
+    """Whose queue a thread's background calls join: its tenant's, else its agent's."""
+    return str(metadata.get("tenant") or agent)
+
+
+def line_of(agent: str, flow: str) -> str:
+    """The queue a background launch can join without a slice: its agent's in its flow
+    (an agent, not its tenant alone: another agent of the tenant may use another model)."""
+    return f"{agent}/{flow}"
+
+
+def park(limiter: Limiter, line: str, thread_id: str, now: datetime) -> datetime | None:
+    """A background launch's place in its line's queue, taken without a slice
+    (``Limiter.place``): its stored "not before", ``PLACE_BACKSTOP_S`` after that place
+    (whoever is admitted before it wakes it there; the sweeper if that wake is lost); None
+    when it should be woken now."""
+    wait_s = limiter.place(line, thread_id)
+    if wait_s is None:
+        return None
+    return now + timedelta(seconds=wait_s + PLACE_BACKSTOP_S)
 
 
 def limit_for(model: Model, settings: Settings) -> tuple[str, RateLimit] | None:
@@ -141,10 +173,12 @@ def complete_admitted(
             caller.flow,
             caller.weight,
             holder=caller.thread_id,
+            line=caller.line,
         )
         wait_s = limiter.acquire(bucket, limit, ask)
         if wait_s > 0:
             raise Throttled(caller.thread_id, bucket, wait_s)
+        _wake_next(deps, limiter, bucket, limit)
         try:
             completion = model.complete(request, on_chunk)
         except ModelRetryable as error:
@@ -171,6 +205,18 @@ def complete_admitted(
         limiter.release(bucket, limit, slot, estimate - used if used else 0.0, used)
         return completion
     raise AssertionError("unreachable: model_attempts must be >= 1")
+
+
+def _wake_next(deps: SliceDeps, limiter: Limiter, bucket: str, limit: RateLimit) -> None:
+    """Admitted: wake the parked threads whose turns come next, each with a countdown to
+    its turn. A wake that fails is left to the sweeper (the thread's stored "not before")."""
+    if deps.wake_in is None:
+        return
+    for thread_id, wait_s in limiter.next_due(bucket, limit, deps.wakes_at_place_s):
+        try:
+            deps.wake_in(thread_id, wait_s)
+        except Exception:
+            log.warning("waking parked %s failed; the sweeper will", thread_id, exc_info=True)
 
 
 class _Counted:
