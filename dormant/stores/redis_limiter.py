@@ -173,7 +173,7 @@ local ahead = 0
 if not interactive then
   local before = now + early
   if place then before = place end
-  ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.3f', before))
+  ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', before))
 end
 local wait = wait_for(tokens, spaced, interactive, ahead, poll)
 if wait < 1 then  -- under a millisecond: admitted (the answer is in whole ms)
@@ -222,7 +222,7 @@ if held then return math.max(1, math.ceil(held - now)) end  -- a launch retried 
 if redis.call('ZCARD', KEYS[5]) <= redis.call('ZCARD', KEYS[6]) then return 0 end
 local spaced = tokens
 if used > 0 then spaced = math.min(tokens, used) end
-local ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.3f', now + early))
+local ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', now + early))
 local wait = wait_for(tokens, spaced, false, ahead, poll)
 local tail = tonumber(redis.call('ZSCORE', KEYS[3], flow))
 if wait < 1 and (not tail or tail <= now) then return 0 end  -- no queue: admitted now
@@ -249,7 +249,7 @@ local parked = redis.call('ZRANGE', KEYS[6], 0, most - 1, 'WITHSCORES')
 local due = {}
 for i = 1, #parked, 2 do
   local holder, place = parked[i], tonumber(parked[i + 1])
-  local ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.3f', place))
+  local ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', place))
   -- a turn's tokens: what calls have been using (unknown before the first answer)
   local wait = math.max(0, place - now, wait_for(used, used, false, ahead, poll))
   if (#due > 0 and wait > ahead_ms) or wait > longest then break end
@@ -446,9 +446,9 @@ class RedisLimiter:
             log.warning("admission counter %s lost in Redis", counter, exc_info=True)
 
     def counters(self) -> dict[str, float]:
-        raw = cast(dict[str, str], self._client.hgetall(self.counters_key))
+        raw = self._client.hgetall(self.counters_key)
         found = dict.fromkeys(COUNTERS, 0.0)
-        found.update({name: float(value) for name, value in raw.items()})
+        found.update({_text(name): float(value) for name, value in raw.items()})
         return found
 
 
