@@ -779,3 +779,25 @@ def test_user_text_is_never_parked(store: Store) -> None:
     user = h.launch("a", "a person asks")  # interactive: woken now, never parked
     assert h.woken == [user] and store.thread(user).retry_at is None
     assert limiter.counters()["parked"] == 0
+
+
+def test_an_admitted_ask_wakes_no_more_parked_threads_than_free_concurrency_slots() -> None:
+    """Issue 35 at 400 RPM: the bench's concurrency limit (the worker's 8 slots) was full,
+    and the parked threads woken into it were refused for a slot, told to come back in a
+    second, and refused again. Now a full set of slots wakes no one; a slot given back
+    wakes the next."""
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(rpm=600, concurrency=3, reserve=0.05, burst_s=0.1)  # 2 slots for us
+
+    def ask(holder: str) -> float:
+        return limiter.acquire("b", limit, Ask(10, holder, 30, False, "a", holder=holder, line="l"))
+
+    assert ask("t0") == 0  # holds a slot, and the pace
+    assert ask("t1") > 0  # refused: the line queues
+    assert limiter.place("l", "p0") is not None and limiter.place("l", "p1") is not None
+    clock.now_s += 0.2
+    assert ask("t1") == 0  # both background slots taken
+    assert limiter.next_due("b", limit, 60.0) == []
+    limiter.release("b", limit, "t0")
+    assert [holder for holder, _ in limiter.next_due("b", limit, 60.0)] == ["p0"]

@@ -197,6 +197,7 @@ def complete_admitted(
                     said = replace(said, retry_after_s=THROTTLED_S)
             if said:
                 limiter.feedback(bucket, limit, said)
+            _wake_next(deps, limiter, bucket, limit)  # its slot is free again
             if error.status == 429:
                 wait_s = said.retry_after_s or THROTTLED_S
                 raise Throttled(caller.thread_id, bucket, wait_s) from error
@@ -210,13 +211,15 @@ def complete_admitted(
             raise
         used = completion.usage.total_tokens
         limiter.release(bucket, limit, slot, estimate - used if used else 0.0, used)
+        _wake_next(deps, limiter, bucket, limit)  # its slot is free again
         return completion
     raise AssertionError("unreachable: model_attempts must be >= 1")
 
 
 def _wake_next(deps: SliceDeps, limiter: Limiter, bucket: str, limit: RateLimit) -> None:
-    """Admitted: wake the parked threads whose turns come next, each with a countdown to
-    its turn. A wake that fails is left to the sweeper (the thread's stored "not before")."""
+    """Admitted, or its call ended (a concurrency slot free again): wake the parked threads
+    whose turns come next, each with a countdown to its turn. A wake that fails is left to
+    the sweeper (the thread's stored "not before")."""
     if deps.wake_in is None:
         return
     for thread_id, wait_s in limiter.next_due(bucket, limit, deps.wakes_at_place_s):

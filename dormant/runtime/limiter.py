@@ -46,7 +46,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from dormant.rate_limit import ProviderLimits, RateLimit
@@ -152,9 +152,10 @@ class Limiter(Protocol):
         ...
 
     def next_due(self, bucket: str, limit: RateLimit, longest_s: float) -> list[tuple[str, float]]:
-        """What an admitted ask wakes: the parked holders of ``bucket`` whose turns come
-        within ``WAKE_AHEAD_S``, and the first in any case, none further than
-        ``longest_s``; each with the seconds until its turn, and parked no longer."""
+        """What an admitted ask, or a call's end, wakes: the parked holders of ``bucket``
+        whose turns come within ``WAKE_AHEAD_S``, and the first in any case, none further
+        than ``longest_s`` and no more than the concurrency slots free (a slot given back
+        asks again); each with the seconds until its turn, and parked no longer."""
         ...
 
     def count(self, counter: str, amount: float = 1.0) -> None:
@@ -274,15 +275,20 @@ class MemoryLimiter:
             state = self._refilled(bucket, limit, now)
             # a turn's tokens: what calls have been using (unknown before the first answer)
             ask = Ask(int(state.used_tokens), "", 0.0)
+            most = NEXT_DUE_MOST
+            if limit.concurrency:  # no more than the free slots: a release wakes the rest
+                usable = limit.concurrency - _reserved_slots(limit.concurrency, limit.reserve)
+                most = min(most, usable - len(state.slots))
+                limit = replace(limit, concurrency=None)
             due: list[tuple[str, float]] = []
             for holder, place in sorted(state.parked.items(), key=lambda kv: kv[1]):
+                if len(due) >= most:
+                    break
                 ahead = sum(p < place for p in state.places.values())
                 wait_s = max(place - now, _wait_s(state, limit, ask, now, ahead), 0.0)
                 if (due and wait_s > WAKE_AHEAD_S) or wait_s > longest_s:
                     break
                 due.append((holder, wait_s))
-                if len(due) == NEXT_DUE_MOST:
-                    break
             for holder, _ in due:
                 del state.parked[holder]
             return due

@@ -237,21 +237,28 @@ return math.max(1, math.ceil(start - now))
 """
 )
 
-# ARGV[7..] the longest wait to wake (ms), how far ahead to wake (ms), the slot poll, how
-# long a place is kept (ms), the most to wake. Returns holder, wait (ms), holder, ...
+# ARGV[7..] the longest wait to wake (ms), how far ahead to wake (ms), the slot poll
+# (unused: free slots bound the count), how long a place is kept (ms), the most to wake.
+# Returns holder, wait (ms), holder, ...
 _NEXT_DUE = (
     _REFILL
     + """
 local longest, ahead_ms, poll = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local kept, most = tonumber(ARGV[10]), tonumber(ARGV[11])
 forget(kept)
+if conc > 0 then  -- no more than the free slots: a release wakes the rest
+  local spare = 0
+  if reserve > 0 then spare = math.min(conc - 1, math.max(1, math.floor(conc * reserve))) end
+  most = math.min(most, conc - spare - redis.call('ZCARD', KEYS[2]))
+  if most <= 0 then return {} end
+end
 local parked = redis.call('ZRANGE', KEYS[6], 0, most - 1, 'WITHSCORES')
 local due = {}
 for i = 1, #parked, 2 do
   local holder, place = parked[i], tonumber(parked[i + 1])
   local ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', place))
   -- a turn's tokens: what calls have been using (unknown before the first answer)
-  local wait = math.max(0, place - now, wait_for(used, used, false, ahead, poll))
+  local wait = math.max(0, place - now, wait_for(used, used, false, ahead, 0))
   if (#due > 0 and wait > ahead_ms) or wait > longest then break end
   redis.call('ZREM', KEYS[6], holder)
   due[#due + 1] = holder

@@ -277,6 +277,24 @@ def test_a_launch_parks_in_its_lines_queue_and_the_admitted_ask_wakes_it(
     wait_until(lambda: ask("p0") == 0, 5, "p0 in its turn")
 
 
+def test_a_full_set_of_concurrency_slots_wakes_no_parked_thread(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=600, concurrency=3, reserve=0.05, burst_s=0.1)  # 2 slots for us
+
+    def ask(holder: str) -> float:
+        return limiter.acquire("b", limit, Ask(10, holder, 30, False, "a", holder=holder, line="l"))
+
+    assert ask("t0") == 0
+    assert ask("t1") > 0  # the line queues
+    assert limiter.place("l", "p0") is not None and limiter.place("l", "p1") is not None
+    wait_until(lambda: ask("t1") == 0, 5, "t1 in its turn")  # both slots taken
+    assert limiter.next_due("b", limit, 60.0) == []
+    limiter.release("b", limit, "t0")  # a slot given back wakes the next
+    assert [holder for holder, _ in limiter.next_due("b", limit, 60.0)] == ["p0"]
+
+
 def test_a_redis_flush_resets_the_limits_and_loses_no_deferred_thread(
     redis_server: redis.Redis, prefix: str, celery_database_url: str
 ) -> None:
