@@ -34,10 +34,11 @@ called no model, about one per thread of a burst). A refused background ask reco
 **line** (its agent and flow) and the bucket it queues in; while that line has a queue, a
 background launch of the same line takes its place without running (``place``) and is
 **parked**: nobody wakes it yet. Whoever is admitted next, or ends a call, wakes the
-parked holders whose turns come soon (``next_due``: each with the seconds to its turn), so a
-parked thread runs one slice, at its turn. The store keeps each parked thread's "not before" a little after its
-place, so the sweeper still wakes it if Redis or the waking worker is lost. ``RedisLimiter``
-(``stores/redis_limiter.py``) is the same algorithm in Lua, shared by every worker.
+parked holders whose turns come soon (``next_due``: each with the seconds to its turn), so
+a parked thread runs one slice, at its turn. The store keeps each parked thread's "not
+before" a little after its place, so the sweeper still wakes it if Redis or the waking
+worker is lost. ``RedisLimiter`` (``stores/redis_limiter.py``) is the same algorithm in
+Lua, shared by every worker.
 """
 
 from __future__ import annotations
