@@ -20,8 +20,9 @@ utilisation of the limit (requests served / (RPM x minutes)), user text sent →
 first chunk for it and → its answer committed (p50), the longest gap between two sweeps
 (beat stamps each sweep in Redis; the driver polls it), whether every agent finished, and
 what the burst cost the worker: slice tasks run (a Celery retry is a task of its own), and
-per model call (requests the server received), Celery retries of slice tasks, and
-deferrals that called no model (slices that ended for want of capacity, less the 429s).
+per model call (requests the server received), Celery retries of slice tasks, deferrals
+that called no model (slices that ended for want of capacity, less the 429s), and launches
+parked in their queue without a slice (the admission counter ``parked``, issue 35).
 
 ``--runs before`` is the "with" run on other code: ``--before-code DIR`` is a directory
 holding an earlier tree's ``dormant`` package (``git archive <commit> dormant | tar -x -C
@@ -262,6 +263,7 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
     )
     asleep_before = d.admission("asleep_s")
     deferred_before = d.admission("deferred")
+    parked_before = d.admission("parked")
     limited_before = d.admission("rate_limited")
     tasks_before = d.tasks("slice_tasks")
     retries_before = d.tasks("retries")
@@ -323,6 +325,7 @@ def _run(d: Deployment, s: Scenario, provider: RateLimitedProvider) -> dict[str,
         "answered_429": len(window) - served,
         "deferred": deferred,
         "deferred_no_model": deferred - (d.admission("rate_limited") - limited_before),
+        "parked": d.admission("parked") - parked_before,
         "slice_tasks": slice_tasks,
         "slice_tasks_per_call": slice_tasks / len(window) if window else None,
         "retries": d.tasks("retries") - retries_before,
@@ -402,6 +405,10 @@ def _rows(s: Scenario, runs: dict[str, dict[str, Any]]) -> list[tuple[str, list[
         ),
         ("Celery retries of slice tasks", [str(r["retries"]) for r in every]),
         ("deferrals that called no model", [f"{r['deferred_no_model']:.0f}" for r in every]),
+        (
+            "launches parked without a slice",
+            [f"{r.get('parked', 0):.0f}" for r in every],
+        ),
         ("longest time with no sweep run", [_seconds(r["longest_sweep_gap_s"]) for r in every]),
         (
             "all agents finished",

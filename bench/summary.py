@@ -3,7 +3,8 @@
     python bench/summary.py [--results bench/results] [--before DIR]
 
 Reads ``reference.json`` and ``celery.json`` (``make bench``; ``make bench-full`` writes
-them under ``bench/results/full``) and, when present, ``idle_scale.json``. With
+them under ``bench/results/full``) and, when present, ``idle_scale.json`` and
+``burst.json`` (slice tasks per model call under a burst, issue 35). With
 ``--before``, the same files of an earlier run (another commit, the same machine) fill a
 "before" column. Beside each measure, the runtime's own CPU per completion in microseconds
 and the simulated model's: the distance to the floor. A figure a results file lacks (an
@@ -43,7 +44,7 @@ class Row:
 
 def load(results: Path) -> Figures:
     figures: Figures = {}
-    for name in ("reference", "celery", "idle_scale"):
+    for name in ("reference", "celery", "idle_scale", "burst"):
         path = results / f"{name}.json"
         if path.exists():
             figures[name] = json.loads(path.read_text())
@@ -156,6 +157,16 @@ def waiting_size(f: Figures) -> str:
     return "" if agents is None else f" ({agents} x {wait_s:g} s)"
 
 
+def burst_tasks_per_call(f: Figures) -> float | None:
+    """Slice tasks per model call under the burst, admission on (issue 35)."""
+    return get(f, "burst", "runs", "with", "slice_tasks_per_call")
+
+
+def burst_size(f: Figures) -> str:
+    agents, rpm = get(f, "burst", "scenario", "agents"), get(f, "burst", "scenario", "rpm")
+    return "" if agents is None else f" ({agents} agents, {rpm:g} RPM)"
+
+
 def celery_us(f: Figures, phase: tuple[str, ...], own: str, baseline: str) -> str:
     """The worker's CPU per slice less the model's, beside the baseline task's CPU."""
     slice_us = less_model(f, get(f, "celery", *phase, own))
@@ -212,6 +223,13 @@ ROWS = (
         lambda f: shown(sqlite_vs_memory(f), ".2f"),
         at_least(0.7, sqlite_vs_memory),
         lambda f: f"{own_us(f, 'dormant-sqlite')} (memory {own_us(f, 'dormant-memory')})",
+    ),
+    Row(
+        "burst: slice tasks per model call",
+        "<= 1.2",
+        lambda f: shown(burst_tasks_per_call(f), ".2f") + burst_size(f),
+        at_most(1.2, burst_tasks_per_call),
+        lambda f: "",
     ),
     Row(
         "PostgreSQL: disk bytes per idle thread",

@@ -13,7 +13,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from dormant.agents import AgentRegistry
@@ -39,9 +39,11 @@ from dormant.messages import (
 )
 from dormant.ops.retry import redrive
 from dormant.replay.client import ForkMethods
+from dormant.runtime.admission import flow_of, line_of, park
 from dormant.runtime.budgets import raise_limits
 from dormant.runtime.close import Closing, close_thread, log_incomplete
 from dormant.runtime.history import SCHEDULED
+from dormant.runtime.limiter import Limiter
 from dormant.runtime.stream import StreamMethods
 from dormant.settings import Settings
 from dormant.stores.base import (
@@ -102,6 +104,9 @@ class BaseClient(ApprovalMethods, ForkMethods, StreamMethods, ABC):
         """Set by runtimes that can see leases: enables ``steering="reject"`` at send time."""
         self.live: LiveLog | None = None
         """The live log of streams (``stream``): Redis's, or ``LocalSystem``'s own."""
+        self.parking: Limiter | None = None
+        """Set by ``Client``: a background launch whose agent and flow queue for model
+        capacity takes its place there and is not woken now (``admission.park``)."""
 
     @abstractmethod
     def wake(self, thread_id: str, priority: int) -> bool:
@@ -154,12 +159,14 @@ class BaseClient(ApprovalMethods, ForkMethods, StreamMethods, ABC):
         self._check_size(thread_id, text, "user text")
         message_id = message_id or f"launch:{thread_id}"
         first = UserMessage(text=text)
+        parked_until = self._parked_until(agent, metadata, thread_id, priority)
         new = NewThread(
             id=thread_id,
             agent=agent,
             metadata=with_budget(metadata, budget),
             messages=[(message_id, first, priority)],
             trace=capture(),  # a launch inside a traced request: the first slice is its child
+            retry_at=parked_until,
         )
         try:
             self.store.create_thread(new)  # one transaction: the thread with its message
@@ -171,8 +178,19 @@ class BaseClient(ApprovalMethods, ForkMethods, StreamMethods, ABC):
                 ) from None
             self._relaunch(thread_id, message_id, text, priority)
             return thread_id
-        self._wake_saved(thread_id, priority)
+        if parked_until is None:  # parked: the slice admitted before it wakes it
+            self._wake_saved(thread_id, priority)
         return thread_id
+
+    def _parked_until(
+        self, agent: str, metadata: dict[str, Any] | None, thread_id: str, priority: Priority
+    ) -> datetime | None:
+        """A background launch's stored "not before" when its line queues for model
+        capacity: it is not woken now (issue 35: its slice would only be refused)."""
+        if self.parking is None or priority >= Priority.INTERACTIVE:
+            return None
+        line = line_of(agent, flow_of(agent, metadata or {}))
+        return park(self.parking, line, thread_id, datetime.now(UTC))
 
     def _relaunch(self, thread_id: str, message_id: str, text: str, priority: Priority) -> None:
         """A launch of a thread that exists: queue its first message if a store of an older

@@ -124,6 +124,7 @@ class Client(BaseClient):
             redis_client,
             wake_mark_ttl_s,
         )
+        from dormant.stores.redis_limiter import RedisLimiter
         from dormant.stores.redis_live import RedisLive
 
         redis = redis_client(settings)
@@ -169,6 +170,8 @@ class Client(BaseClient):
             lease=RedisLease(redis, settings.key_prefix),
         )
         client.live = live
+        # background launches join their line's queue for model capacity without a slice
+        client.parking = RedisLimiter(redis, settings.key_prefix)
         return client
 
     def wake(self, thread_id: str, priority: int) -> bool:
@@ -243,7 +246,7 @@ class Client(BaseClient):
             after_commit(lambda: self._waker(thread_id, priority))
             return True  # sent when the caller commits
 
-        return Client(
+        client = Client(
             store,
             self.dedup,
             self.settings,
@@ -251,6 +254,8 @@ class Client(BaseClient):
             events=self._events,
             agents=self.agents,
         )
+        client.parking = self.parking
+        return client
 
     def launch_on_commit(
         self,

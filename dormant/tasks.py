@@ -160,6 +160,7 @@ class Runtime:
             limiter=limiter,
             whereabouts=whereabouts,
             wakes_at_place_s=RETRY_COUNTDOWN_MAX_S,  # the slice task's retry, below
+            wake_in=dispatcher.wake_in,  # the threads parked behind an admitted slice
         )
         closing = Closing(store, dispatcher, lease, events)
         sweep = SweepParts(

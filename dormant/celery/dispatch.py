@@ -59,7 +59,7 @@ class CeleryDispatcher:
         self._carry = marks is not None and carries_claims(celery_app, marks)
         """The marks live on the broker's Redis: a wake's claim rides in its publish."""
 
-    def wake(self, thread_id: str, priority: int) -> bool:
+    def wake(self, thread_id: str, priority: int, countdown_s: float = 0.0) -> bool:
         claim: CarriedClaim | None = None
         if self._carry and self._marks is not None:
             claim = CarriedClaim(self._marks.key(thread_id), int(priority), self._marks.ttl_ms)
@@ -69,7 +69,8 @@ class CeleryDispatcher:
         carried = CARRIED_CLAIM.set(claim)
         try:
             shadow = self._labels.slice_name(SLICE_TASK, thread_id) if self._labels else None
-            self._send(SLICE_TASK, {"thread_id": thread_id}, queue, priority, shadow)
+            kwargs = {"thread_id": thread_id}
+            self._send(SLICE_TASK, kwargs, queue, priority, shadow, countdown_s=countdown_s)
         except BaseException:
             if self._marks is not None:
                 self._marks.clear(thread_id)  # the next wake must not be suppressed
@@ -77,6 +78,12 @@ class CeleryDispatcher:
         finally:
             CARRIED_CLAIM.reset(carried)
         return claim is None or claim.admitted is not False
+
+    def wake_in(self, thread_id: str, countdown_s: float) -> bool:
+        """A background wake run after ``countdown_s``: a parked thread's turn, woken by the
+        slice admitted before it (``SliceDeps.wake_in``). Short (``WAKE_AHEAD_S``, or one
+        place away): a worker holds the task until then."""
+        return self.wake(thread_id, Priority.BACKGROUND, countdown_s)
 
     def close_broker(self) -> None:
         """Close the app's broker connections: for the ``ProducerApp`` of
@@ -105,6 +112,8 @@ class CeleryDispatcher:
         priority: int,
         shadow: str | None = None,
         headers: dict[str, str] | None = None,
+        *,
+        countdown_s: float = 0.0,
     ) -> None:
         self._app.send_task(
             name,
@@ -116,6 +125,7 @@ class CeleryDispatcher:
             shadow=shadow,  # Flower's and the log's name: dormant.slice[triage]
             headers=headers,
             confirm_timeout=BROKER_SOCKET_TIMEOUT_S,  # RabbitMQ: a stalled broker's confirm
+            countdown=countdown_s if countdown_s > 0 else None,
         )
 
 

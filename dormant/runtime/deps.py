@@ -90,6 +90,10 @@ class SliceDeps:
     it by whoever runs the slices (a Celery worker retries the slice with that countdown),
     so the sweeper is only its backstop (``runtime/admission.py``, ``PLACE_BACKSTOP_S``);
     0: the sweeper wakes every deferred thread."""
+    wake_in: Callable[[str, float], object] | None = None
+    """Wake a thread (background) after the seconds given: how an admitted slice wakes the
+    threads parked behind it at their turns (``Limiter.next_due``; a Celery countdown);
+    None: nothing is parked, the sweeper wakes every deferred thread."""
 
     def end(self, thread_id: str, token: str, message_ids: list[str], events: list[Event]) -> bool:
         ending = self.ending or SeparateEnd(self.dedup, self.events, self.lease)

@@ -27,8 +27,18 @@ and all but one were refused again (issue 35: about ten slice tasks a thread). T
 places are spaced by the tokens calls have been using (a running mean of the completions'
 usage), not by the upper-bound estimate each call is admitted with. User text gets no place
 in a queue: refused (its reserve spent), it waits only until the bucket can take it, ahead
-of every background place. ``RedisLimiter``
-(``stores/redis_limiter.py``) is the same algorithm in Lua, shared by every worker.
+of every background place.
+
+A thread need not run a slice to get its place (issue 35: a refused slice was a task that
+called no model, about one per thread of a burst). A refused background ask records its
+**line** (its agent and flow) and the bucket it queues in; while that line has a queue, a
+background launch of the same line takes its place without running (``place``) and is
+**parked**: nobody wakes it yet. Whoever is admitted next, or ends a call, wakes the
+parked holders whose turns come soon (``next_due``: each with the seconds to its turn), so
+a parked thread runs one slice, at its turn. The store keeps each parked thread's "not
+before" a little after its place, so the sweeper still wakes it if Redis or the waking
+worker is lost. ``RedisLimiter`` (``stores/redis_limiter.py``) is the same algorithm in
+Lua, shared by every worker.
 """
 
 from __future__ import annotations
@@ -37,7 +47,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from dormant.rate_limit import ProviderLimits, RateLimit
@@ -45,11 +55,13 @@ from dormant.rate_limit import ProviderLimits, RateLimit
 __all__ = [
     "CONCURRENCY_SPACING_S",
     "COUNTERS",
+    "NEXT_DUE_MOST",
     "PLACE_EARLY_S",
     "PLACE_KEPT_S",
     "SLOT_POLL_S",
     "THROTTLED_S",
     "USAGE_WEIGHT",
+    "WAKE_AHEAD_S",
     "Ask",
     "Limiter",
     "MemoryLimiter",
@@ -71,10 +83,17 @@ USAGE_WEIGHT = 0.2
 THROTTLED_S = 1.0
 """How long a 429 without ``Retry-After`` or reset headers drains the bucket."""
 
-COUNTERS = ("admitted", "refused", "deferred", "rate_limited", "asleep_s")
+WAKE_AHEAD_S = 2.0
+"""An admitted ask wakes the parked holders whose turns come within this long (and the next
+one in any case): enough that a hand-off's latency (publish, start, load) never makes a
+turn late at any rate, and few countdowns held by a worker (three at 100 RPM)."""
+NEXT_DUE_MOST = 64
+"""The most parked holders one ``next_due`` wakes."""
+
+COUNTERS = ("admitted", "refused", "deferred", "parked", "rate_limited", "asleep_s")
 """What a limiter counts: asks admitted and refused, slices that ended for want of capacity
-(deferred), 429s the provider answered (rate_limited), seconds worker slots slept in a
-retry backoff (asleep_s)."""
+(deferred), launches given their place without a slice (parked), 429s the provider answered
+(rate_limited), seconds worker slots slept in a retry backoff (asleep_s)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +112,9 @@ class Ask:
     weight: float = 1.0
     holder: str = ""
     """Who holds a refused ask's place (its thread): asking again on time claims it."""
+    line: str = ""
+    """Its agent and flow (``admission.line_of``): refused in the background, it records the
+    bucket the line queues in, where launches of the line then take places (``place``)."""
 
 
 class Limiter(Protocol):
@@ -123,6 +145,20 @@ class Limiter(Protocol):
         when the limit is full again, is no wait)."""
         ...
 
+    def place(self, line: str, holder: str) -> float | None:
+        """A place for ``holder`` in ``line``'s queue without asking (a background launch):
+        None when the line has no queue, or no one ahead who will be admitted and wake it
+        (nothing taken: run it now); else the seconds until its place, which it keeps, and
+        it is parked: ``next_due`` wakes it."""
+        ...
+
+    def next_due(self, bucket: str, limit: RateLimit, longest_s: float) -> list[tuple[str, float]]:
+        """What an admitted ask, or a call's end, wakes: the parked holders of ``bucket``
+        whose turns come within ``WAKE_AHEAD_S``, and the first in any case, none further
+        than ``longest_s`` and no more than the concurrency slots free (a slot given back
+        asks again); each with the seconds until its turn, and parked no longer."""
+        ...
+
     def count(self, counter: str, amount: float = 1.0) -> None:
         """Add to one of ``COUNTERS``."""
         ...
@@ -145,8 +181,22 @@ class _Bucket:
     """Flow to the time its queue's last place ends."""
     places: dict[str, float] = field(default_factory=dict)
     """Holder to the time of its place: its reservation."""
+    parked: dict[str, float] = field(default_factory=dict)
+    """The places nobody wakes yet (``place``), holder to its time."""
     used_tokens: float = 0.0
     """Running mean of the tokens a call used (0: none seen yet)."""
+
+
+@dataclass
+class _Line:
+    """Where a line (an agent and flow) queues: recorded by its last refused ask."""
+
+    bucket: str
+    limit: RateLimit
+    tokens: int
+    flow: str
+    weight: float
+    until_s: float
 
 
 class MemoryLimiter:
@@ -157,6 +207,7 @@ class MemoryLimiter:
         self._clock = clock
         self._lock = threading.Lock()
         self._buckets: dict[str, _Bucket] = {}
+        self._lines: dict[str, _Line] = {}
         self._counters = dict.fromkeys(COUNTERS, 0.0)
 
     def acquire(self, bucket: str, limit: RateLimit, ask: Ask) -> float:
@@ -165,6 +216,7 @@ class MemoryLimiter:
             state = self._refilled(bucket, limit, now)
             background = bool(ask.holder) and not ask.interactive
             place = state.places.get(ask.holder) if background else None
+            state.parked.pop(ask.holder, None)  # it asks: whoever runs it wakes it now
             if place is not None and place - now > PLACE_EARLY_S:  # early: keep the place
                 self._counters["refused"] += 1
                 return place - now
@@ -188,8 +240,59 @@ class MemoryLimiter:
                 wait_s = _queued_wait_s(state, limit, ask, now, wait_s)
                 if background:
                     state.places[ask.holder] = now + wait_s
+            if background and ask.line:
+                until_s = now + wait_s + PLACE_KEPT_S
+                found = _Line(bucket, limit, ask.tokens, ask.flow, ask.weight, until_s)
+                self._lines[ask.line] = found
             self._counters["refused"] += 1
             return wait_s
+
+    def place(self, line: str, holder: str) -> float | None:
+        with self._lock:
+            now = self._clock()
+            found = self._lines.get(line)
+            if found is None or found.until_s <= now:
+                self._lines.pop(line, None)
+                return None
+            state = self._refilled(found.bucket, found.limit, now)
+            if holder in state.places:  # a launch retried: it keeps its place
+                return max(0.001, state.places[holder] - now)
+            if len(state.places) <= len(state.parked):
+                return None  # no one ahead will be admitted to wake it
+            ask = Ask(found.tokens, "", 0.0, False, found.flow, found.weight, holder, line)
+            ahead = sum(p < now + PLACE_EARLY_S for p in state.places.values())
+            wait_s = _wait_s(state, found.limit, ask, now, ahead)
+            if wait_s < 0.001 and state.tails.get(found.flow, 0.0) <= now:
+                return None  # no queue: it would be admitted now
+            wait_s = max(0.001, _queued_wait_s(state, found.limit, ask, now, wait_s))
+            state.places[holder] = state.parked[holder] = now + wait_s
+            found.until_s = max(found.until_s, now + wait_s + PLACE_KEPT_S)
+            self._counters["parked"] += 1
+            return wait_s
+
+    def next_due(self, bucket: str, limit: RateLimit, longest_s: float) -> list[tuple[str, float]]:
+        with self._lock:
+            now = self._clock()
+            state = self._refilled(bucket, limit, now)
+            # a turn's tokens: what calls have been using (unknown before the first answer)
+            ask = Ask(int(state.used_tokens), "", 0.0)
+            most = NEXT_DUE_MOST
+            if limit.concurrency:  # no more than the free slots: a release wakes the rest
+                usable = limit.concurrency - _reserved_slots(limit.concurrency, limit.reserve)
+                most = min(most, usable - len(state.slots))
+                limit = replace(limit, concurrency=None)
+            due: list[tuple[str, float]] = []
+            for holder, place in sorted(state.parked.items(), key=lambda kv: kv[1]):
+                if len(due) >= most:
+                    break
+                ahead = sum(p < place for p in state.places.values())
+                wait_s = max(place - now, _wait_s(state, limit, ask, now, ahead), 0.0)
+                if (due and wait_s > WAKE_AHEAD_S) or wait_s > longest_s:
+                    break
+                due.append((holder, wait_s))
+            for holder, _ in due:
+                del state.parked[holder]
+            return due
 
     def release(
         self,
@@ -259,6 +362,9 @@ class MemoryLimiter:
         state.tails = {flow: tail for flow, tail in state.tails.items() if tail > now}
         state.places = {
             holder: place for holder, place in state.places.items() if place > now - PLACE_KEPT_S
+        }
+        state.parked = {
+            holder: place for holder, place in state.parked.items() if holder in state.places
         }
         return state
 

@@ -45,7 +45,7 @@ from dormant.messages import (
 )
 from dormant.models.base import Model, ModelRequest
 from dormant.replay.agent import feed, replayed
-from dormant.runtime.admission import Caller, defer
+from dormant.runtime.admission import Caller, defer, flow_of, line_of
 from dormant.runtime.approvals import ApprovalDesk
 from dormant.runtime.budgets import Meter
 from dormant.runtime.calls import fresh_ids, hold_back, start_call
@@ -297,8 +297,9 @@ class _Slice(SliceWatch, SliceCommit):
             spawn_event_thread(agent, snap, turn, spawn)
         if applied.needs_completion:
             interactive = any(row.priority >= Priority.INTERACTIVE for row in snap.inbox)
-            flow = str(snap.thread.metadata.get("tenant") or agent.name)
-            self.caller = Caller(self.thread_id, interactive, flow, agent.weight)
+            flow = flow_of(agent.name, snap.thread.metadata)
+            line = line_of(agent.name, flow)
+            self.caller = Caller(self.thread_id, interactive, flow, agent.weight, line)
             try:
                 self._converse(agent, snap, applied, turn)
             except SteeredAway:

@@ -302,6 +302,9 @@ class NewThread:
     """``ThreadInfo.tag``."""
     trace: str = ""
     """The trace context stored with ``messages`` (``InboxRow.trace``)."""
+    retry_at: datetime | None = None
+    """Not before (``ThreadInfo.retry_at``): a background launch parked in its queue for
+    model capacity (``admission.park``), which the sweeper leaves alone until then."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,9 +4,12 @@ Each bucket is three keys under the deployment's prefix: ``{prefix}:limit:{bucke
 hash: request and token levels, when they were last refilled, until when the provider
 said to stop), ``...:slots`` (a sorted set of concurrency slots scored by their lease's
 expiry: a worker that dies holding one gives it back when the score passes) and
-``...:tails`` (each flow's queue end, see ``runtime/limiter.py``) and ``...:places`` (each
-holder's reserved place, scored by its time). Time is Redis's own
-(``TIME``), so workers' clocks never disagree. Every key expires on its own once idle.
+``...:tails`` (each flow's queue end, see ``runtime/limiter.py``), ``...:places`` (each
+holder's reserved place, scored by its time) and ``...:parked`` (the places nobody wakes
+yet). A line (an agent and flow) that queues records where in ``{prefix}:line:{line}`` (a
+hash: the bucket, its limits, a call's tokens, the flow and its weight), which a client
+reads to park a launch. Time is Redis's own (``TIME``), so workers' clocks never disagree.
+Every key expires on its own once idle.
 
 All of it may be lost: a flushed Redis starts every bucket full with no slot held (the
 limits reset for a minute), and SQL still holds every deferred thread's messages and its
@@ -24,10 +27,12 @@ from dormant.rate_limit import ProviderLimits, RateLimit
 from dormant.runtime.limiter import (
     CONCURRENCY_SPACING_S,
     COUNTERS,
+    NEXT_DUE_MOST,
     PLACE_EARLY_S,
     PLACE_KEPT_S,
     SLOT_POLL_S,
     USAGE_WEIGHT,
+    WAKE_AHEAD_S,
     Ask,
 )
 
@@ -36,7 +41,8 @@ __all__ = ["RedisLimiter"]
 log = logging.getLogger("dormant.admission")
 
 # KEYS[1] the bucket's hash, KEYS[2] its slots, KEYS[3] its flows' tails, KEYS[4] the
-# counters, KEYS[5] its holders' places; ARGV[1..6] rpm, tpm, concurrency (0: unlimited),
+# counters, KEYS[5] its holders' places, KEYS[6] the places parked, KEYS[7] a line's record
+# (or the bucket's hash again: unused); ARGV[1..6] rpm, tpm, concurrency (0: unlimited),
 # the reserve share, and the most requests and tokens the background pace holds
 # (``RateLimit.paced_requests``/``paced_tokens``: one formula, in Python). The pace
 # (``pr``, ``pt``) refills at ``1 - reserve`` of each rate.
@@ -73,79 +79,48 @@ local function save()
     'pt', tostring(pt))
   redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(120000, blocked - now + 60000)))
 end
-"""
-
-# ARGV[7..] the estimated tokens, the slot id, its ttl in ms, 1 if interactive, the flow,
-# its weight, the slot poll and the concurrency spacing in ms, the holder, how early it may
-# claim its place and how long a place is kept (ms). Returns 0 when admitted, else the wait
-# in ms (at least 1).
-_ACQUIRE = (
-    _REFILL
-    + """
-local tokens, slot, ttl = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
-local interactive, flow, weight = ARGV[10] == '1', ARGV[11], tonumber(ARGV[12])
-local poll, conc_spacing = tonumber(ARGV[13]), tonumber(ARGV[14])
-local holder, early, kept = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
-redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - kept)
-local place = nil
-if holder ~= '' and not interactive then place = tonumber(redis.call('ZSCORE', KEYS[5], holder)) end
-if place and place - now > early then  -- early: it keeps its place
-  redis.call('HINCRBY', KEYS[4], 'refused', 1)
-  return math.max(1, math.ceil(place - now))
+local function forget(kept)  -- places not claimed this long after their time
+  redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - kept)
+  redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - kept)
 end
-local share = reserve
-if interactive then share = 0 end
-local spaced = tokens
-if used > 0 then spaced = math.min(tokens, used) end
--- the places due before this ask (before its own place, or by now): it pays after them
-local ahead = 0
-if not interactive then
-  local before = now + early
-  if place then before = place end
-  ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.3f', before))
-end
-local wait = math.max(0, blocked - now)
--- after a 429 the levels refill only from the provider's time: background is told that too
-local refill = 0
-if not interactive then refill = math.max(0, at - now) end
-local paced = math.min(spaced, ptcap)  -- a call's tokens as the pace counts them
-if rpm > 0 then
-  local need = math.min(rpm, 1 + math.ceil(rpm * share) + ahead)
-  if r < need then wait = math.max(wait, refill + (need - r) * 60000 / rpm) end
-  if not interactive and pr < 1 then  -- its turn: after the places ahead of it too
-    wait = math.max(wait, refill + (1 + ahead - pr) * 60000 / (rpm * (1 - reserve)))
+-- the wait (ms) before every limit admits an ask of `tokens` (`spaced` as places and the
+-- pace count them) after the `ahead` places due before it
+local function wait_for(tokens, spaced, interactive, ahead, poll)
+  local share = reserve
+  if interactive then share = 0 end
+  local wait = math.max(0, blocked - now)
+  -- after a 429 the levels refill only from the provider's time: background is told that too
+  local refill = 0
+  if not interactive then refill = math.max(0, at - now) end
+  local paced = math.min(spaced, ptcap)  -- a call's tokens as the pace counts them
+  if rpm > 0 then
+    local need = math.min(rpm, 1 + math.ceil(rpm * share) + ahead)
+    if r < need then wait = math.max(wait, refill + (need - r) * 60000 / rpm) end
+    if not interactive and pr < 1 then  -- its turn: after the places ahead of it too
+      wait = math.max(wait, refill + (1 + ahead - pr) * 60000 / (rpm * (1 - reserve)))
+    end
   end
-end
-if tpm > 0 then
-  local need = math.min(tpm, tokens + tpm * share + ahead * spaced)
-  if tk < need then wait = math.max(wait, refill + (need - tk) * 60000 / tpm) end
-  if not interactive and pt < paced then
-    local owed = paced + ahead * paced - pt
-    wait = math.max(wait, refill + owed * 60000 / (tpm * (1 - reserve)))
+  if tpm > 0 then
+    local need = math.min(tpm, tokens + tpm * share + ahead * spaced)
+    if tk < need then wait = math.max(wait, refill + (need - tk) * 60000 / tpm) end
+    if not interactive and pt < paced then
+      local owed = paced + ahead * paced - pt
+      wait = math.max(wait, refill + owed * 60000 / (tpm * (1 - reserve)))
+    end
   end
-end
-if conc > 0 then
-  local spare = 0
-  if share > 0 then spare = math.min(conc - 1, math.max(1, math.floor(conc * share))) end
-  if redis.call('ZCARD', KEYS[2]) >= conc - spare then
-    local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-    wait = math.max(wait, math.min(poll, tonumber(first[2]) - now))
-  end
-end
-if wait < 1 then  -- under a millisecond: admitted (the answer is in whole ms)
-  if rpm > 0 then r = r - 1 end
-  if tpm > 0 then tk = tk - tokens end
-  if not interactive then pr, pt = pr - 1, pt - spaced end
   if conc > 0 then
-    redis.call('ZADD', KEYS[2], now + ttl, slot)
-    redis.call('PEXPIRE', KEYS[2], math.ceil(ttl + 60000))
+    local spare = 0
+    if share > 0 then spare = math.min(conc - 1, math.max(1, math.floor(conc * share))) end
+    if redis.call('ZCARD', KEYS[2]) >= conc - spare then
+      local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+      wait = math.max(wait, math.min(poll, tonumber(first[2]) - now))
+    end
   end
-  if holder ~= '' then redis.call('ZREM', KEYS[5], holder) end
-  save()
-  redis.call('HINCRBY', KEYS[4], 'admitted', 1)
-  return 0
+  return wait
 end
-if not place and not interactive then
+-- a place in the flow's queue: after its last place, spaced by the rate times the flows
+-- waiting over its weight; returns its start
+local function enqueue(flow, weight, spaced, wait, conc_spacing)
   redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', now)
   local tail = redis.call('ZSCORE', KEYS[3], flow)
   local waiting = redis.call('ZCARD', KEYS[3])
@@ -159,16 +134,137 @@ if not place and not interactive then
   local finish = start + spacing * waiting / weight
   redis.call('ZADD', KEYS[3], finish, flow)
   redis.call('PEXPIRE', KEYS[3], math.ceil(finish - now + 60000))
-  wait = start - now
-  if holder ~= '' then  -- not interactive, here
-    redis.call('ZADD', KEYS[5], start, holder)
-    local ttl = math.ceil(wait + kept + 60000)
-    if redis.call('PTTL', KEYS[5]) < ttl then redis.call('PEXPIRE', KEYS[5], ttl) end
+  return start
+end
+local function hold(key, holder, start, kept)  -- a place kept in a sorted set
+  redis.call('ZADD', key, start, holder)
+  local ttl = math.ceil(start - now + kept + 60000)
+  if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
+end
+"""
+
+# ARGV[7..] the estimated tokens, the slot id, its ttl in ms, 1 if interactive, the flow,
+# its weight, the slot poll and the concurrency spacing in ms, the holder, how early it may
+# claim its place and how long a place is kept (ms), the line ('' for none) and the bucket's
+# name. Returns 0 when admitted, else the wait in ms (at least 1).
+_ACQUIRE = (
+    _REFILL
+    + """
+local tokens, slot, ttl = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+local interactive, flow, weight = ARGV[10] == '1', ARGV[11], tonumber(ARGV[12])
+local poll, conc_spacing = tonumber(ARGV[13]), tonumber(ARGV[14])
+local holder, early, kept = ARGV[15], tonumber(ARGV[16]), tonumber(ARGV[17])
+local line, bucket = ARGV[18], ARGV[19]
+forget(kept)
+local place = nil
+local background = holder ~= '' and not interactive
+if background then
+  place = tonumber(redis.call('ZSCORE', KEYS[5], holder))
+  redis.call('ZREM', KEYS[6], holder)  -- it asks: whoever runs it wakes it from now on
+end
+if place and place - now > early then  -- early: it keeps its place
+  redis.call('HINCRBY', KEYS[4], 'refused', 1)
+  return math.max(1, math.ceil(place - now))
+end
+local spaced = tokens
+if used > 0 then spaced = math.min(tokens, used) end
+-- the places due before this ask (before its own place, or by now): it pays after them
+local ahead = 0
+if not interactive then
+  local before = now + early
+  if place then before = place end
+  ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', before))
+end
+local wait = wait_for(tokens, spaced, interactive, ahead, poll)
+if wait < 1 then  -- under a millisecond: admitted (the answer is in whole ms)
+  if rpm > 0 then r = r - 1 end
+  if tpm > 0 then tk = tk - tokens end
+  if not interactive then pr, pt = pr - 1, pt - spaced end
+  if conc > 0 then
+    redis.call('ZADD', KEYS[2], now + ttl, slot)
+    redis.call('PEXPIRE', KEYS[2], math.ceil(ttl + 60000))
   end
+  if holder ~= '' then redis.call('ZREM', KEYS[5], holder); redis.call('ZREM', KEYS[6], holder) end
+  save()
+  redis.call('HINCRBY', KEYS[4], 'admitted', 1)
+  return 0
+end
+if not place and not interactive then
+  local start = enqueue(flow, weight, spaced, wait, conc_spacing)
+  wait = start - now
+  if holder ~= '' then hold(KEYS[5], holder, start, kept) end
+end
+if background and line ~= '' then  -- where launches of its line now queue (Limiter.place)
+  redis.call('HSET', KEYS[7], 'bucket', bucket, 'rpm', ARGV[1], 'tpm', ARGV[2],
+    'conc', ARGV[3], 'reserve', ARGV[4], 'prcap', ARGV[5], 'ptcap', ARGV[6],
+    'tokens', ARGV[7], 'flow', flow, 'weight', ARGV[12])
+  redis.call('PEXPIRE', KEYS[7], math.ceil(math.max(0, wait) + kept))
 end
 save()
 redis.call('HINCRBY', KEYS[4], 'refused', 1)
 return math.max(1, math.ceil(wait))
+"""
+)
+
+# ARGV[7..] the line's tokens, flow and weight, the holder, the slot poll, the concurrency
+# spacing, how early a place may be claimed and how long it is kept (ms). Returns 0 when
+# the holder should run now (nothing taken), else the wait until its place (at least 1 ms).
+_PLACE = (
+    _REFILL
+    + """
+local tokens, flow, weight = tonumber(ARGV[7]), ARGV[8], tonumber(ARGV[9])
+local holder, poll, conc_spacing = ARGV[10], tonumber(ARGV[11]), tonumber(ARGV[12])
+local early, kept = tonumber(ARGV[13]), tonumber(ARGV[14])
+forget(kept)
+local held = tonumber(redis.call('ZSCORE', KEYS[5], holder))
+if held then return math.max(1, math.ceil(held - now)) end  -- a launch retried keeps it
+-- no one ahead will be admitted and wake it: it runs now
+if redis.call('ZCARD', KEYS[5]) <= redis.call('ZCARD', KEYS[6]) then return 0 end
+local spaced = tokens
+if used > 0 then spaced = math.min(tokens, used) end
+local ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', now + early))
+local wait = wait_for(tokens, spaced, false, ahead, poll)
+local tail = tonumber(redis.call('ZSCORE', KEYS[3], flow))
+if wait < 1 and (not tail or tail <= now) then return 0 end  -- no queue: admitted now
+local start = math.max(now + 1, enqueue(flow, weight, spaced, wait, conc_spacing))
+hold(KEYS[5], holder, start, kept)
+hold(KEYS[6], holder, start, kept)
+local ttl = math.ceil(start - now + kept)
+if redis.call('PTTL', KEYS[7]) < ttl then redis.call('PEXPIRE', KEYS[7], ttl) end
+save()
+redis.call('HINCRBY', KEYS[4], 'parked', 1)
+return math.max(1, math.ceil(start - now))
+"""
+)
+
+# ARGV[7..] the longest wait to wake (ms), how far ahead to wake (ms), the slot poll
+# (unused: free slots bound the count), how long a place is kept (ms), the most to wake.
+# Returns holder, wait (ms), holder, ...
+_NEXT_DUE = (
+    _REFILL
+    + """
+local longest, ahead_ms, poll = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local kept, most = tonumber(ARGV[10]), tonumber(ARGV[11])
+forget(kept)
+if conc > 0 then  -- no more than the free slots: a release wakes the rest
+  local spare = 0
+  if reserve > 0 then spare = math.min(conc - 1, math.max(1, math.floor(conc * reserve))) end
+  most = math.min(most, conc - spare - redis.call('ZCARD', KEYS[2]))
+  if most <= 0 then return {} end
+end
+local parked = redis.call('ZRANGE', KEYS[6], 0, most - 1, 'WITHSCORES')
+local due = {}
+for i = 1, #parked, 2 do
+  local holder, place = parked[i], tonumber(parked[i + 1])
+  local ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', place))
+  -- a turn's tokens: what calls have been using (unknown before the first answer)
+  local wait = math.max(0, place - now, wait_for(used, used, false, ahead, 0))
+  if (#due > 0 and wait > ahead_ms) or wait > longest then break end
+  redis.call('ZREM', KEYS[6], holder)
+  due[#due + 1] = holder
+  due[#due + 1] = tostring(math.ceil(wait))
+end
+return due
 """
 )
 
@@ -216,6 +312,10 @@ return 1
 )
 
 
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _ms(seconds: float | None) -> str:
     return "" if seconds is None else str(max(0, round(seconds * 1000)))
 
@@ -231,13 +331,26 @@ class RedisLimiter:
         self._client = client
         self._prefix = prefix
         self._acquire = client.register_script(_ACQUIRE)
+        self._place = client.register_script(_PLACE)
+        self._next_due = client.register_script(_NEXT_DUE)
         self._release = client.register_script(_RELEASE)
         self._feedback = client.register_script(_FEEDBACK)
         self.counters_key = f"{prefix}:admission"
 
-    def keys(self, bucket: str) -> list[str]:
+    def keys(self, bucket: str, line: str = "") -> list[str]:
         base = f"{self._prefix}:limit:{bucket}"
-        return [base, f"{base}:slots", f"{base}:tails", self.counters_key, f"{base}:places"]
+        return [
+            base,
+            f"{base}:slots",
+            f"{base}:tails",
+            self.counters_key,
+            f"{base}:places",
+            f"{base}:parked",
+            self.line_key(line) if line else base,
+        ]
+
+    def line_key(self, line: str) -> str:
+        return f"{self._prefix}:line:{line}"
 
     def acquire(self, bucket: str, limit: RateLimit, ask: Ask) -> float:
         args = [
@@ -253,13 +366,57 @@ class RedisLimiter:
             ask.holder,
             _ms(PLACE_EARLY_S),
             _ms(PLACE_KEPT_S),
+            ask.line if ask.holder and not ask.interactive else "",
+            bucket,
         ]
         try:
-            wait_ms = cast(int, self._acquire(keys=self.keys(bucket), args=args))
+            wait_ms = cast(int, self._acquire(keys=self.keys(bucket, ask.line), args=args))
         except redis.RedisError:
             log.warning("admission for %s failed in Redis; admitted", bucket, exc_info=True)
             return 0.0
         return wait_ms / 1000
+
+    def place(self, line: str, holder: str) -> float | None:
+        try:
+            found = self._client.hgetall(self.line_key(line))
+            if not found:
+                return None
+            record = {_text(k): _text(v) for k, v in found.items()}
+            bucket = record["bucket"]
+            limits = [record[name] for name in ("rpm", "tpm", "conc", "reserve", "prcap", "ptcap")]
+            args = [
+                *limits,
+                record["tokens"],
+                record["flow"],
+                record["weight"],
+                holder,
+                _ms(SLOT_POLL_S),
+                _ms(CONCURRENCY_SPACING_S),
+                _ms(PLACE_EARLY_S),
+                _ms(PLACE_KEPT_S),
+            ]
+            wait_ms = cast(int, self._place(keys=self.keys(bucket, line), args=args))
+        except (redis.RedisError, KeyError):
+            log.warning("no place for %s in line %s; run now", holder, line, exc_info=True)
+            return None
+        return wait_ms / 1000 if wait_ms else None
+
+    def next_due(self, bucket: str, limit: RateLimit, longest_s: float) -> list[tuple[str, float]]:
+        args = [
+            *_limits(limit),
+            _ms(longest_s),
+            _ms(WAKE_AHEAD_S),
+            _ms(SLOT_POLL_S),
+            _ms(PLACE_KEPT_S),
+            NEXT_DUE_MOST,
+        ]
+        try:
+            found = cast(list[str | bytes], self._next_due(keys=self.keys(bucket), args=args))
+        except redis.RedisError:  # the sweeper wakes them at their stored times
+            log.warning("waking the next in %s failed in Redis", bucket, exc_info=True)
+            return []
+        pairs = zip(found[::2], found[1::2], strict=True)
+        return [(_text(holder), int(_text(wait_ms)) / 1000) for holder, wait_ms in pairs]
 
     def release(
         self,
@@ -296,9 +453,9 @@ class RedisLimiter:
             log.warning("admission counter %s lost in Redis", counter, exc_info=True)
 
     def counters(self) -> dict[str, float]:
-        raw = cast(dict[str, str], self._client.hgetall(self.counters_key))
+        raw = self._client.hgetall(self.counters_key)
         found = dict.fromkeys(COUNTERS, 0.0)
-        found.update({name: float(value) for name, value in raw.items()})
+        found.update({_text(name): float(value) for name, value in raw.items()})
         return found
 
 

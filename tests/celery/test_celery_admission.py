@@ -153,6 +153,48 @@ def test_threads_a_killed_worker_was_to_wake_at_their_places_are_woken_by_the_sw
     assert burst <= server.answered <= burst + 4
 
 
+def test_parked_launches_are_woken_by_the_sweeper_when_their_waker_dies_and_redis_is_flushed(
+    deploy: Callable[..., Deployment],
+) -> None:
+    """Issue 35: a background launch whose line queues is parked (its place taken without a
+    slice, nothing sent to the broker) and the slice admitted before it wakes it at its
+    turn with a countdown. Kill the worker holding those countdowns (SIGKILL) and flush
+    Redis (the places, the parked set, the line): SQL's stored "not before" is all that is
+    left, and the sweeper still wakes every parked thread to its one answer."""
+    rpm = 30  # places two seconds apart
+    with RateLimitedProvider(rpm) as server:
+        d = deploy(
+            DORMANT_AGENTS="admission_agents",
+            TEST_FAKE_OPENAI_URL=server.base_url,
+            DORMANT_RATE_LIMITS=json.dumps({server.base_url: {"rpm": rpm}}),
+            DORMANT_LEASE_TTL_S="5",  # a slice killed in its model call: see above
+        )
+        first_worker = d.start_worker("w1", concurrency=4)
+        d.start_beat()
+        d.wait_ready(first_worker)
+        client = d.client()
+        limiter = RedisLimiter(d.redis, d.prefix)
+        ids = [client.launch("limited", "go", priority="background") for _ in range(3)]
+        wait_until(lambda: limiter.counters()["deferred"] >= 1, 60, "the line to queue")
+        ids += [client.launch("limited", "go", priority="background") for _ in range(9)]
+        assert limiter.counters()["parked"] >= 8, limiter.counters()
+        wait_until(lambda: server.answered >= 4, 60, "a parked thread woken in its turn")
+        d.expected_deaths.add(first_worker.name)
+        first_worker.kill()  # with the countdowns of the next parked threads
+        _flush(d)  # and every place, parked set and line with them
+        second_worker = d.start_worker("w2", concurrency=4)
+        d.wait_ready(second_worker)
+        wait_until(
+            lambda: all(row.state is InboxState.DONE for t in ids for row in client.store.inbox(t)),
+            120,
+            "every parked thread to be answered after the kill and the flush",
+            poll_s=0.5,
+        )
+    for thread_id in ids:
+        assert [i.kind for i in client.history(thread_id)] == ["user", "assistant"]
+    assert len(ids) <= server.answered <= len(ids) + 4  # a slice killed mid-call calls again
+
+
 def test_flushing_redis_mid_burst_resets_the_limits_and_loses_no_thread(
     deploy: Callable[..., Deployment],
 ) -> None:

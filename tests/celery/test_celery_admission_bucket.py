@@ -229,6 +229,72 @@ def test_a_due_holder_refused_by_the_pace_is_told_its_turn_after_those_ahead(
     assert 0.25 < limiter.acquire("b", limit, asks["h2"]) <= 0.301
 
 
+def test_a_holder_claiming_its_place_does_not_count_itself_ahead(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    """Issue 35: a place's time was compared at a millisecond's precision, so a holder whose
+    place rounded up counted itself among the places ahead of it (about half of them) and
+    was told to come back a call later: a second slice task for nothing."""
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=600, reserve=0.0, burst_s=0.15)  # the pace holds 1.5 calls
+    assert limiter.acquire("b", limit, Ask(10, "first", 30, False, "a")) == 0  # 0.5 left
+    seconds, micros = redis_server.time()
+    due_ms = seconds * 1000 + micros // 1000 - 20 + 0.0007  # due, rounds up at 3 places
+    redis_server.zadd(f"{prefix}:limit:b:places", {"h": due_ms})
+    # half a call owed, nothing ahead of it: 50 ms (a call ahead would be 150 ms)
+    assert limiter.acquire("b", limit, Ask(10, "slot-h", 30, False, "a", holder="h")) <= 0.051
+
+
+def test_a_launch_parks_in_its_lines_queue_and_the_admitted_ask_wakes_it(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    limiter = RedisLimiter(redis_server, prefix)
+    client_side = RedisLimiter(redis_server, prefix)  # a client's: it knows no limits
+    limit = RateLimit(rpm=600, reserve=0.0, burst_s=0.1)  # the pace holds one call
+    assert client_side.place("a/a", "early") is None  # no line has queued: run it now
+
+    def ask(holder: str) -> float:
+        return limiter.acquire(
+            "b", limit, Ask(10, holder, 30, False, "a", holder=holder, line="a/a")
+        )
+
+    assert ask("t0") == 0
+    assert 0 < ask("t1") <= 0.101  # refused: the line "a/a" now queues in "b"
+    assert client_side.place("other/a", "x") is None
+    parked = [client_side.place("a/a", f"p{n}") for n in range(3)]
+    assert all(p is not None for p in parked)
+    places = redis_server.zrange(f"{prefix}:limit:b:parked", 0, -1, withscores=True)
+    assert [holder for holder, _ in places] == ["p0", "p1", "p2"]  # a call apart, in order
+    assert [round(b[1] - a[1]) for a, b in itertools.pairwise(places)] == [100, 100]
+    assert client_side.place("a/a", "p1") == pytest.approx(parked[1], abs=0.02)  # kept
+    assert limiter.counters()["parked"] == 3
+    wait_until(lambda: ask("t1") == 0, 5, "t1 in its turn")
+    woken = limiter.next_due("b", limit, 60.0)  # every turn within 2 s: all three
+    assert [holder for holder, _ in woken] == ["p0", "p1", "p2"]
+    assert all(0 <= wait_s <= 0.35 for _, wait_s in woken)
+    assert limiter.next_due("b", limit, 60.0) == []  # woken once
+    # a woken holder claims its place in its turn
+    wait_until(lambda: ask("p0") == 0, 5, "p0 in its turn")
+
+
+def test_a_full_set_of_concurrency_slots_wakes_no_parked_thread(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=600, concurrency=3, reserve=0.05, burst_s=0.1)  # 2 slots for us
+
+    def ask(holder: str) -> float:
+        return limiter.acquire("b", limit, Ask(10, holder, 30, False, "a", holder=holder, line="l"))
+
+    assert ask("t0") == 0
+    assert ask("t1") > 0  # the line queues
+    assert limiter.place("l", "p0") is not None and limiter.place("l", "p1") is not None
+    wait_until(lambda: ask("t1") == 0, 5, "t1 in its turn")  # both slots taken
+    assert limiter.next_due("b", limit, 60.0) == []
+    limiter.release("b", limit, "t0")  # a slot given back wakes the next
+    assert [holder for holder, _ in limiter.next_due("b", limit, 60.0)] == ["p0"]
+
+
 def test_a_redis_flush_resets_the_limits_and_loses_no_deferred_thread(
     redis_server: redis.Redis, prefix: str, celery_database_url: str
 ) -> None:

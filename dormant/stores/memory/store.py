@@ -119,6 +119,7 @@ class MemoryStore(
                 metadata=dict(thread.metadata),
                 source_id=thread.source_id,
                 tag=thread.tag,
+                retry_at=thread.retry_at,
             )
             t = stored.stored_thread(info)
             t.log.append(b"".join(map(item_line, thread.items)))

@@ -32,7 +32,7 @@ from dormant.stores.base import (
 )
 from dormant.stores.packing import ITEM_JSON_FRAMING, pack, unpack
 from dormant.stores.rawitem import RawStoredItem, item_json, item_kind
-from dormant.stores.sql.tables import Schema, schema
+from dormant.stores.sql.tables import Schema, as_utc, schema
 
 __all__ = [
     "NANOS",
@@ -97,7 +97,7 @@ def thread_values(thread: NewThread, now: datetime) -> dict[str, Any]:
         "version": 0,
         "failures": 0,
         "last_error": "",
-        "retry_at": None,
+        "retry_at": None if thread.retry_at is None else as_utc(thread.retry_at),
         "closed_reason": "",
         "inbox_seen": 0,
         "metadata": dict(thread.metadata),
