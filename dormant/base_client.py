@@ -13,7 +13,7 @@ import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 
 from dormant.agents import AgentRegistry
@@ -39,7 +39,7 @@ from dormant.messages import (
 )
 from dormant.ops.retry import redrive
 from dormant.replay.client import ForkMethods
-from dormant.runtime.admission import flow_of, line_of, park
+from dormant.runtime.admission import park
 from dormant.runtime.budgets import raise_limits
 from dormant.runtime.close import Closing, close_thread, log_incomplete
 from dormant.runtime.history import SCHEDULED
@@ -159,7 +159,8 @@ class BaseClient(ApprovalMethods, ForkMethods, StreamMethods, ABC):
         self._check_size(thread_id, text, "user text")
         message_id = message_id or f"launch:{thread_id}"
         first = UserMessage(text=text)
-        parked_until = self._parked_until(agent, metadata, thread_id, priority)
+        parking = self.parking if priority < Priority.INTERACTIVE else None
+        parked_until = None if parking is None else park(parking, agent, metadata, thread_id)
         new = NewThread(
             id=thread_id,
             agent=agent,
@@ -181,16 +182,6 @@ class BaseClient(ApprovalMethods, ForkMethods, StreamMethods, ABC):
         if parked_until is None:  # parked: the slice admitted before it wakes it
             self._wake_saved(thread_id, priority)
         return thread_id
-
-    def _parked_until(
-        self, agent: str, metadata: dict[str, Any] | None, thread_id: str, priority: Priority
-    ) -> datetime | None:
-        """A background launch's stored "not before" when its line queues for model
-        capacity: it is not woken now (issue 35: its slice would only be refused)."""
-        if self.parking is None or priority >= Priority.INTERACTIVE:
-            return None
-        line = line_of(agent, flow_of(agent, metadata or {}))
-        return park(self.parking, line, thread_id, datetime.now(UTC))
 
     def _relaunch(self, thread_id: str, message_id: str, text: str, priority: Priority) -> None:
         """A launch of a thread that exists: queue its first message if a store of an older

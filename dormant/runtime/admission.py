@@ -31,7 +31,7 @@ import math
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from dormant.errors import ModelRetryable, Throttled
@@ -105,12 +105,15 @@ def line_of(agent: str, flow: str) -> str:
     return f"{agent}/{flow}"
 
 
-def park(limiter: Limiter, line: str, thread_id: str, now: datetime) -> datetime | None:
+def park(
+    limiter: Limiter, agent: str, metadata: Mapping[str, Any] | None, thread_id: str
+) -> datetime | None:
     """A background launch's place in its line's queue, taken without a slice
     (``Limiter.place``): its stored "not before", a little after that place (whoever is
     admitted before it wakes it in its turn; the sweeper there if that wake is lost); None
-    when it should be woken now."""
-    wait_s = limiter.place(line, thread_id)
+    when it should be woken now (issue 35: a slice before its place is only refused)."""
+    now = datetime.now(UTC)
+    wait_s = limiter.place(line_of(agent, flow_of(agent, metadata or {})), thread_id)
     if wait_s is None:
         return None
     return now + timedelta(seconds=wait_s * (1 + PARKED_LAG) + PLACE_BACKSTOP_S)

@@ -20,6 +20,16 @@ def _intervals(d: Deployment, thread_id: str) -> list[tuple[float, float]]:
     return sorted((float(s), float(e)) for s, e, _pid in (r.split() for r in raw))
 
 
+def _thinking(d: Deployment, thread_id: str) -> None:
+    """Wait until the thread's model has begun its silence."""
+    wait_until(
+        lambda: d.redis.llen(d.key("thinking", thread_id)) == 1,
+        60,
+        "the model to start thinking",
+        check=d.check_alive,
+    )
+
+
 def test_a_model_silent_for_longer_than_the_lease_runs_alone_while_wakes_arrive(
     deploy: Callable[..., Deployment],
 ) -> None:
@@ -29,12 +39,7 @@ def test_a_model_silent_for_longer_than_the_lease_runs_alone_while_wakes_arrive(
     d.wait_ready(*workers)
     client = d.client()
     thread_id = client.launch("thinker", "first")
-    wait_until(
-        lambda: d.redis.llen(d.key("thinking", thread_id)) == 1,
-        60,
-        "the model to start thinking",
-        check=d.check_alive,
-    )
+    _thinking(d, thread_id)
     client.send(thread_id, "second")  # wakes a slice while the first is silent
 
     def answered_both() -> bool:
@@ -60,12 +65,7 @@ def test_a_worker_killed_in_a_silent_request_is_redriven_after_the_lease(
     d.wait_ready(doomed)
     client = d.client()
     thread_id = client.launch("thinker", "first")
-    wait_until(
-        lambda: d.redis.llen(d.key("thinking", thread_id)) == 1,
-        60,
-        "the model to start thinking",
-        check=d.check_alive,
-    )
+    _thinking(d, thread_id)
     doomed.kill()
     survivor = d.start_worker("w2", concurrency=1)
     d.wait_ready(survivor)
