@@ -91,6 +91,22 @@ def test_a_concurrency_slot_comes_back_on_release_or_when_its_lease_ends() -> No
     assert limiter.acquire("b", limit, _ask("five")) == 0
 
 
+def test_a_live_caller_renews_its_slot_and_a_lapsed_slot_cannot_be_renewed() -> None:
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(concurrency=1, reserve=0.0)
+    assert limiter.acquire("b", limit, _ask("one")) == 0
+    for _ in range(5):  # 5 x 20 s: far past the slot's 30 s, renewed every 20 s
+        clock.now_s += 20
+        assert limiter.renew_slot("b", "one", 30.0)
+        assert limiter.acquire("b", limit, _ask("two", interactive=True)) > 0
+    clock.now_s += 31  # its holder died: the slot lapses, and cannot be renewed after
+    assert not limiter.renew_slot("b", "one", 30.0)
+    assert limiter.acquire("b", limit, _ask("two", interactive=True)) == 0
+    assert not limiter.renew_slot("b", "never-held", 30.0)
+    assert not limiter.renew_slot("no-such-bucket", "two", 30.0)
+
+
 def test_background_work_leaves_the_reserve_to_user_text() -> None:
     limiter = MemoryLimiter(Clock())
     limit = RateLimit(rpm=100, reserve=0.05, burst_s=60)

@@ -17,7 +17,9 @@ from dormant import Agent, Settings
 from dormant.errors import CrashPoint
 from dormant.models import ScriptedModel, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.rate_limit import RateLimit
 from dormant.runtime.lease_keeper import LeaseKeeper
+from dormant.runtime.limiter import Ask, MemoryLimiter
 from dormant.runtime.slice import Busy, Idle, SliceOutcome
 from dormant.stores.memory.sync import MemoryLease
 from tests.harness import Harness
@@ -89,6 +91,52 @@ def test_a_slice_keeps_its_lease_through_a_silent_model_request_longer_than_the_
     assert model.calls == 1
     assert h.history(t)[-1].text == "thought it through"  # type: ignore[union-attr]
     assert not h.lease.held(t)
+
+
+def test_a_model_call_longer_than_the_lease_keeps_its_concurrency_slot() -> None:
+    """A concurrency slot is a lease of ``lease_ttl_s``, so a worker that dies mid-call gives
+    it back that soon (it was the request's whole timeout, 120 s, plus the TTL); a live
+    call keeps it however long it runs, and gives it back when it ends."""
+    model = _Silent()
+    limit = RateLimit(concurrency=1, reserve=0.0)
+    settings = Settings(lease_ttl_s=TTL_S, rate_limits=((model.name, limit),))
+    h = Harness(Agent("thinker", model=model), settings=settings)
+    limiter = MemoryLimiter()
+    h.deps = replace(h.deps, limiter=limiter)
+    t = h.launch("thinker", "think hard")
+    worker, ended = _in_background(lambda: h.step(t))
+    assert model.started.wait(10)
+
+    other = Ask(1, "other", TTL_S, interactive=True)
+    until = time.monotonic() + 6 * TTL_S
+    while time.monotonic() < until:  # before: the slot, held 120 s + TTL, was never renewed
+        assert limiter.acquire(model.name, limit, other) > 0, "the slot lapsed mid-call"
+        time.sleep(0.01)
+
+    model.go.set()
+    worker.join(10)
+    assert isinstance(ended[0], Idle), ended
+    assert limiter.acquire(model.name, limit, other) == 0  # given back at the call's end
+
+
+def test_a_dead_callers_concurrency_slot_lapses_after_the_lease_ttl() -> None:
+    """What a slot is asked for with: the lease's TTL, not the request's timeout."""
+    model = _Silent()
+    limit = RateLimit(concurrency=1, reserve=0.0)
+    settings = Settings(lease_ttl_s=TTL_S, rate_limits=((model.name, limit),))
+    h = Harness(Agent("thinker", model=model), settings=settings)
+    asks: list[Ask] = []
+
+    class Recording(MemoryLimiter):
+        def acquire(self, bucket: str, limit: RateLimit, ask: Ask) -> float:
+            asks.append(ask)
+            return super().acquire(bucket, limit, ask)
+
+    h.deps = replace(h.deps, limiter=Recording())
+    model.go.set()
+    t = h.launch("thinker", "think")
+    assert isinstance(h.step(t), Idle)
+    assert [ask.slot_ttl_s for ask in asks] == [TTL_S]
 
 
 def test_a_slice_that_dies_stops_being_renewed_and_its_thread_runs_again() -> None:

@@ -32,6 +32,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 from dormant.errors import ModelRetryable, Throttled
@@ -39,6 +40,7 @@ from dormant.models.base import ChunkSink, Completion, Model, ModelRequest
 from dormant.models.retry import backoff_s, complete_with_retry
 from dormant.rate_limit import ProviderLimits, RateLimit
 from dormant.runtime.deps import SliceDeps
+from dormant.runtime.lease_keeper import keeper
 from dormant.runtime.limiter import PLACE_KEPT_S, THROTTLED_S, Ask, Limiter
 from dormant.runtime.outcomes import Deferred
 from dormant.settings import Settings
@@ -178,7 +180,7 @@ def complete_admitted(
         ask = Ask(
             estimate,
             slot,
-            request.settings.timeout_s + settings.lease_ttl_s,  # given back this long after a death
+            settings.lease_ttl_s,  # kept alive while the call runs, given back soon after a death
             caller.interactive,
             caller.flow,
             caller.weight,
@@ -190,7 +192,13 @@ def complete_admitted(
             raise Throttled(caller.thread_id, bucket, wait_s)
         _wake_next(deps, limiter, bucket, limit)
         try:
-            completion = model.complete(request, on_chunk)
+            with keeper.keep_alive(
+                partial(limiter.renew_slot, bucket, slot),
+                f"a concurrency slot of {bucket}",
+                settings.lease_ttl_s,
+                renew_for_s=request.settings.timeout_s,  # a hung call's slot then expires
+            ):
+                completion = model.complete(request, on_chunk)
         except ModelRetryable as error:
             limiter.release(bucket, limit, slot)
             said = error.limits or ProviderLimits()

@@ -15,6 +15,10 @@ and stops (``LeaseLost``) without a call of its own. A slice past ``renew_for_s`
 deadline) is renewed no more, so a hung slice cannot hold its thread forever; the hold
 ends with the slice however it ends, so a slice that dies in the process (a simulated
 crash) stops being renewed, as a killed worker would.
+
+A model call's concurrency slot (``runtime/admission.py``) is kept the same way: its lease
+in the limiter is the same short time-to-live, so a worker that dies mid-call gives its
+slot back in seconds, not after the request's whole timeout.
 """
 
 from __future__ import annotations
@@ -23,8 +27,8 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 
 from dormant.stores.base import Lease
@@ -34,13 +38,17 @@ __all__ = ["Hold", "LeaseKeeper", "keeper"]
 log = logging.getLogger("dormant.lease")
 
 
+Renew = Callable[[float], bool]
+"""Extends a lease by the seconds given; False when it is no longer held."""
+
+
 @dataclass(eq=False)
 class Hold:
-    """One slice's lease as the keeper renews it."""
+    """One lease as the keeper renews it."""
 
-    lease: Lease
-    thread_id: str
-    token: str
+    renew: Renew
+    what: str
+    """What the lease is for, as a log line names it."""
     ttl_s: float
     renew_until: float
     """Monotonic seconds past which the lease is left to expire (the slice's deadline)."""
@@ -59,15 +67,27 @@ class LeaseKeeper:
         self._holds: set[Hold] = set()
         self._pid = 0
 
-    @contextmanager
     def keep(
         self, lease: Lease, thread_id: str, token: str, ttl_s: float, renew_for_s: float | None
-    ) -> Iterator[Hold]:
+    ) -> AbstractContextManager[Hold]:
         """Renew ``token``'s lease on ``thread_id`` while the block runs (for at most
+        ``renew_for_s``; None: for as long as it runs)."""
+        return self.keep_alive(
+            lambda ttl: lease.renew(thread_id, token, ttl),
+            f"the lease of thread {thread_id}",
+            ttl_s,
+            renew_for_s,
+        )
+
+    @contextmanager
+    def keep_alive(
+        self, renew: Renew, what: str, ttl_s: float, renew_for_s: float | None
+    ) -> Iterator[Hold]:
+        """Call ``renew(ttl_s)`` every third of ``ttl_s`` while the block runs (for at most
         ``renew_for_s``; None: for as long as it runs)."""
         now = time.monotonic()
         until = now + renew_for_s if renew_for_s is not None else float("inf")
-        hold = Hold(lease, thread_id, token, ttl_s, until, due_at=now + ttl_s / 3)
+        hold = Hold(renew, what, ttl_s, until, due_at=now + ttl_s / 3)
         with self._wakeup:
             self._start_in_this_process()
             self._holds.add(hold)
@@ -111,9 +131,9 @@ class LeaseKeeper:
     @staticmethod
     def _renew(hold: Hold) -> None:
         try:
-            renewed = hold.lease.renew(hold.thread_id, hold.token, hold.ttl_s)
+            renewed = hold.renew(hold.ttl_s)
         except Exception:  # Redis unreachable: the next renewal tries again; the commit
-            log.warning("could not renew the lease of thread %s", hold.thread_id)  # fences
+            log.warning("could not renew %s", hold.what)  # fences a slice's writes
             return
         if renewed:
             hold.renewals += 1

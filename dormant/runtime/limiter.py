@@ -3,7 +3,7 @@
 A bucket holds three limits at once: requests per minute and tokens per minute (each a
 bucket refilled continuously, full when first used or after a minute of quiet) and
 concurrent calls (slots, each with a lease so a holder that dies gives its slot back after
-``slot_ttl_s``). One ``acquire`` refills, checks all three and either takes a request, the
+``slot_ttl_s``; a live caller renews it, ``renew_slot``). One ``acquire`` refills, checks all three and either takes a request, the
 estimated tokens and a slot, or takes nothing and answers how long to wait.
 
 Background work (not woken by user text) leaves ``RateLimit.reserve`` of every limit
@@ -136,6 +136,11 @@ class Limiter(Protocol):
         """Give the slot back, and ``correction_tokens`` (estimate minus actual use;
         negative when the call used more) to the token bucket; ``used_tokens`` (the
         completion's usage, 0 if unknown) moves the mean that spaces token places."""
+        ...
+
+    def renew_slot(self, bucket: str, slot: str, ttl_s: float) -> bool:
+        """Hold ``slot`` for ``ttl_s`` more seconds (a call still running: the process's
+        lease keeper renews it); False when it is no longer held."""
         ...
 
     def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
@@ -310,6 +315,15 @@ class MemoryLimiter:
             if used_tokens > 0:
                 mean = state.used_tokens or used_tokens
                 state.used_tokens = mean + USAGE_WEIGHT * (used_tokens - mean)
+
+    def renew_slot(self, bucket: str, slot: str, ttl_s: float) -> bool:
+        with self._lock:
+            state = self._buckets.get(bucket)
+            now = self._clock()
+            if state is None or state.slots.get(slot, now) <= now:
+                return False
+            state.slots[slot] = now + ttl_s
+            return True
 
     def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
         with self._lock:

@@ -285,6 +285,17 @@ return 1
 """
 )
 
+# KEYS[1] a bucket's slots; ARGV[1] the slot id, ARGV[2] its new ttl (ms). Redis's clock, as
+# the slots' scores are.
+_RENEW_SLOT = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
+local expires = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if expires == nil or expires <= now then return 0 end
+redis.call('ZADD', KEYS[1], now + tonumber(ARGV[2]), ARGV[1])
+return 1
+"""
+
 # ARGV[7..11] retry-after, requests remaining, their reset, tokens remaining, their reset
 # (ms for times; '' when the provider did not say).
 _FEEDBACK = (
@@ -334,6 +345,7 @@ class RedisLimiter:
         self._place = client.register_script(_PLACE)
         self._next_due = client.register_script(_NEXT_DUE)
         self._release = client.register_script(_RELEASE)
+        self._renew_slot = client.register_script(_RENEW_SLOT)
         self._feedback = client.register_script(_FEEDBACK)
         self.counters_key = f"{prefix}:admission"
 
@@ -431,6 +443,10 @@ class RedisLimiter:
             self._release(keys=self.keys(bucket), args=args)
         except redis.RedisError:  # the slot's lease ends on its own
             log.warning("releasing a slot of %s failed in Redis", bucket, exc_info=True)
+
+    def renew_slot(self, bucket: str, slot: str, ttl_s: float) -> bool:
+        slots = self.keys(bucket)[1]
+        return bool(self._renew_slot(keys=[slots], args=[slot, _ms(ttl_s)]))
 
     def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
         args = [

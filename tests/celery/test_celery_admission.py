@@ -123,7 +123,7 @@ def test_threads_a_killed_worker_was_to_wake_at_their_places_are_woken_by_the_sw
             TEST_FAKE_OPENAI_URL=server.base_url,
             DORMANT_RATE_LIMITS=json.dumps({server.base_url: {"rpm": rpm}}),
             # a slice killed in its model call holds its lease (and its admission slot)
-            # until this passes: not the 150 s default, which would outlast the wait
+            # until this passes: not the 30 s default, which would outlast the wait
             DORMANT_LEASE_TTL_S="5",
         )
         first_worker = d.start_worker("w1", concurrency=4)

@@ -3,10 +3,12 @@
 meanwhile wakes a slice on the other worker that finds the lease held, and is answered by
 the holder after its commit. Before the keeper, the lease expired mid-request, the second
 slice ran a completion of its own beside the first, and the thread's completions overlapped;
-and a worker killed in a silent request is re-driven a lease's time-to-live later."""
+and a worker killed in a silent request is re-driven a lease's time-to-live later, its
+model's concurrency slot free again as soon."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from itertools import pairwise
 
@@ -28,6 +30,19 @@ def _thinking(d: Deployment, thread_id: str) -> None:
         "the model to start thinking",
         check=d.check_alive,
     )
+
+
+def _slot_expiry_s(d: Deployment) -> float:
+    """When the one concurrency slot of the ``recorded`` model lapses (Redis's clock)."""
+    ((_slot, expires_ms),) = d.redis.zrange(
+        f"{d.prefix}:limit:recorded:slots", 0, -1, withscores=True
+    )
+    return float(expires_ms) / 1000
+
+
+def _slot_left_s(d: Deployment) -> float:
+    seconds, micros = d.redis.time()
+    return _slot_expiry_s(d) - (seconds + micros / 1e6)
 
 
 def test_a_model_silent_for_longer_than_the_lease_runs_alone_while_wakes_arrive(
@@ -58,7 +73,10 @@ def test_a_model_silent_for_longer_than_the_lease_runs_alone_while_wakes_arrive(
 def test_a_worker_killed_in_a_silent_request_is_redriven_after_the_lease(
     deploy: Callable[..., Deployment],
 ) -> None:
-    d = deploy(DORMANT_LEASE_TTL_S="1")
+    """The model allows one call at a time: the dead worker's concurrency slot must lapse
+    with its lease, or the re-driven slice is refused until the request's timeout (120 s)."""
+    one_at_a_time = {"recorded": {"concurrency": 1, "reserve": 0}}
+    d = deploy(DORMANT_LEASE_TTL_S="1", DORMANT_RATE_LIMITS=json.dumps(one_at_a_time))
     doomed = d.start_worker("w1", concurrency=1)
     d.expected_deaths.add("w1")
     d.start_beat()
@@ -66,7 +84,11 @@ def test_a_worker_killed_in_a_silent_request_is_redriven_after_the_lease(
     client = d.client()
     thread_id = client.launch("thinker", "first")
     _thinking(d, thread_id)
+    assert _slot_left_s(d) <= 1.5  # the slot is a lease of the lease's TTL, not 121 s
+    first = _slot_expiry_s(d)
+    wait_until(lambda: _slot_expiry_s(d) > first, 10, "the live call to renew its slot")
     doomed.kill()
+    wait_until(lambda: _slot_left_s(d) <= 0, 10, "the dead worker's slot to lapse")
     survivor = d.start_worker("w2", concurrency=1)
     d.wait_ready(survivor)
     wait_until(
