@@ -29,6 +29,7 @@ from dormant.http.webhooks import WebhookReceiver
 from dormant.messages import AssistantTurn, Item, UserText
 from dormant.models import ScriptedModel, SimulatedModel, call, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
+from dormant.models.registry import register_provider
 from dormant.settings import Settings
 from dormant.stores.base import ThreadStatus
 from tests.browser import chromium, growing_lengths, serving
@@ -424,3 +425,30 @@ def test_the_family_tree_follows_children_spawned_after_the_page_opened(browser:
     assert clipped == 0, "every thread's id, status and agent are readable in the tree"
     assert stray == [], "dispatches show on their calls, not as lines after the last item"
     assert errors == []
+
+
+def test_the_replays_page_fits_a_laptop_screen(browser: Any) -> None:
+    """Seven columns of long answers and divergences wrap inside the page at 1,280 px: the
+    table and its header bar are no wider than the window (the table was 1,711 px)."""
+    long_answer = " ".join(["a long answer that goes on"] * 12)
+    register_provider("wide", lambda name: ScriptedModel(lambda items: reply(name + long_answer)))
+    agent = Agent("echo", model=ScriptedModel(lambda items: reply("said " + long_answer)))
+    with LocalSystem([agent], "memory://") as system:
+        source = system.launch("echo", "hello", thread_id="thr_a_rather_long_source_id")
+        system.run_until_idle()
+        for _ in range(3):
+            system.replay(source, model="wide:differently", tag="wide")
+        system.run_until_idle()
+        with serving(app_of(system)) as base:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.goto(f"{base}{UI}replays?tag=wide")
+            widths = page.evaluate(
+                "[document.documentElement.scrollWidth,"
+                " document.querySelector('table').scrollWidth,"
+                " document.querySelector('header.top').offsetWidth]"
+            )
+            page.screenshot(path=str(SHOTS / "replays.png"), full_page=True)
+            page.close()
+    page_width, table_width, header_width = widths
+    assert page_width <= 1280, f"the page scrolls sideways: {widths}"
+    assert table_width <= 1280 and header_width == page_width, widths
