@@ -26,12 +26,13 @@ lint: $(VENV)/.synced
 types: $(VENV)/.synced
 	$(BIN)/mypy
 
-# PYTEST_WORKERS=N runs the suite in N pytest-xdist processes (0: one process). The Celery
-# tests share an xdist_group (tests/celery/conftest.py): one process runs them in turn, the
-# other the rest. On the 2-core machine two processes took about 12 min against 27 for one;
-# four ran the Celery tests slower (86 tests in 8 min).
+# PYTEST_WORKERS=N runs the suite in N pytest-xdist processes (0: one process), each taking
+# the next test as it frees up (worksteal: the long Celery tests do not pile up at the end).
+# Tests of both processes may run at once, Celery's included: each has its own databases,
+# key prefixes and virtual host, and the two that FLUSHDB a shared Redis database take a
+# file lock (tests/celery/conftest.py, flush_db_alone).
 PYTEST_WORKERS ?= 2
-PYTEST_XDIST = $(if $(findstring no:xdist,$(PYTEST_ARGS)),,-n $(PYTEST_WORKERS) --dist loadgroup)
+PYTEST_XDIST = $(if $(findstring no:xdist,$(PYTEST_ARGS)),,-n $(PYTEST_WORKERS) --dist worksteal)
 
 unit: $(VENV)/.synced
 	$(BIN)/pytest $(PYTEST_XDIST) $(PYTEST_ARGS)

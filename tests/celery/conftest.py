@@ -17,12 +17,14 @@ proportionally longer before calling anything lost. A slow start is never a lost
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -46,11 +48,6 @@ ROOT = HERE.parent.parent
 REDIS_URL = os.environ.get("DORMANT_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 FLUSH_REDIS_DB = int(os.environ.get("DORMANT_TEST_FLUSH_REDIS_DB", "7"))
 """A Redis database the flush test may FLUSHDB (only if it holds nothing but this run's keys)."""
-CELERY_GROUP = "celery"
-"""The ``xdist_group`` of every test here: with ``PYTEST_WORKERS`` set, one pytest-xdist
-process runs them one after another while the others take the rest of the suite. Each
-starts real worker processes; two at once on 2 cores only slowed both (and the two tests
-that flush ``FLUSH_REDIS_DB`` must never overlap)."""
 FLUSH_REDIS_URL = f"{REDIS_URL.rsplit('/', 1)[0]}/{FLUSH_REDIS_DB}"
 AMQP_URL = os.environ.get("DORMANT_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672")
 """RabbitMQ, without a virtual host: each session adds its own with ``rabbitmqctl``."""
@@ -69,11 +66,20 @@ _CLI = (
 )
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    for item in items:
-        if HERE in item.path.parents:
-            item.add_marker(pytest.mark.xdist_group(CELERY_GROUP))
+@pytest.fixture
+def flush_db_alone() -> Iterator[None]:
+    """The test holds Redis database ``FLUSH_REDIS_DB`` alone, waiting for any other test
+    (of this run's other pytest-xdist process, or of another run on the machine) that holds
+    it: the tests that FLUSHDB it fail when they find each other's keys there. A file lock,
+    not an ``xdist_group``: pytest-xdist's groups are ignored under pytest 9.2
+    (pytest-dev/pytest-xdist#1386). Ask for it before ``deploy``, so it is let go last."""
+    path = Path(tempfile.gettempdir()) / f"dormant-tests-redis-db-{FLUSH_REDIS_DB}.lock"
+    with path.open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _unavailable(reason: str) -> None:

@@ -46,7 +46,9 @@ def _dedicated_redis(prefix: str) -> redis.Redis:
     return conn
 
 
-def test_flushing_redis_mid_run_loses_nothing(deploy: Callable[..., Deployment]) -> None:
+def test_flushing_redis_mid_run_loses_nothing(
+    flush_db_alone: None, deploy: Callable[..., Deployment]
+) -> None:
     d = deploy(DORMANT_REDIS_URL=FLUSH_REDIS_URL, DORMANT_LEASE_TTL_S="3")
     dormant_redis = _dedicated_redis(d.prefix)
     workers = [d.start_worker("w1"), d.start_worker("w2")]

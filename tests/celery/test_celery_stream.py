@@ -74,7 +74,7 @@ def test_a_worker_killed_mid_answer_streams_retry_then_the_answer(
 
 
 def test_a_redis_flush_mid_answer_streams_retry_and_loses_no_item(
-    deploy: Callable[..., Deployment],
+    flush_db_alone: None, deploy: Callable[..., Deployment]
 ) -> None:
     d = deploy(DORMANT_REDIS_URL=FLUSH_REDIS_URL, DORMANT_LEASE_TTL_S="3")
     dormant_redis = redis.Redis.from_url(FLUSH_REDIS_URL)
