@@ -53,6 +53,19 @@ def test_quarantined_messages_are_listed_and_retry_requeues_one(url: str) -> Non
     store.close()
 
 
+def test_a_quarantine_reason_in_brackets_is_shown_as_written(url: str) -> None:
+    """The table prints errors as text: pydantic's ``[type=missing, ...]`` is not Rich
+    markup to strip."""
+    store = SQLStore(url)
+    t = new_thread(store).id
+    bad = enqueue(store, t, "poison", message_id="m-[bad]")
+    store.quarantine(t, bad.id, "ValidationError: order_id Field required [type=missing]")
+    listed = runner.invoke(app, ["quarantine", "--database-url", url], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert "required [type=missing]" in listed.output and "m-[bad]" in listed.output
+    store.close()
+
+
 def test_prune_counts_in_a_dry_run_then_deletes_in_batches(url: str) -> None:
     store = SQLStore(url)
     gone = new_thread(store).id

@@ -383,6 +383,20 @@ def test_a_local_system_whose_agent_is_gone_stalls_its_threads_saying_so(tmp_pat
     assert "agent 'ops' is not deployed on any live worker (last seen" in failed.error
 
 
+def test_dormant_versions_prints_a_bracketed_version_as_written(tmp_path: Path) -> None:
+    """A version is text, not Rich markup: ``[rc1]`` is shown, not swallowed as a style."""
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    url = f"sqlite:///{tmp_path}/versions.db"
+    agent = Agent("triage", model=ScriptedModel(lambda _: reply("hi")), version="[rc1]")
+    with LocalSystem([agent], url):
+        table = CliRunner().invoke(app, ["versions", "--database-url", url], env={"COLUMNS": "200"})
+    assert table.exit_code == 0, table.output
+    assert "[rc1]" in table.output
+
+
 def test_dormant_versions_shows_each_agent_version_its_open_threads_and_live_workers(
     tmp_path: Path,
 ) -> None:

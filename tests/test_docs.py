@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import re
 import sqlite3
 from pathlib import Path
@@ -85,3 +86,48 @@ def test_the_django_page_names_the_alembic_version_table_its_prefix_gives(
     (version_table,) = [t for t in tables if t.endswith("alembic_version")]
     assert version_table.startswith(prefix)
     assert f"`{version_table}`" in doc
+
+
+def _python_blocks(doc: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", doc.read_text(), re.DOTALL)
+
+
+def test_the_approvals_page_command_lines_use_options_the_commands_have() -> None:
+    """docs/approvals.md's ``dormant approvals`` synopsis: every option is one the command
+    takes, and the edit's arguments are a whole set the page's refund tool accepts (an
+    edit replaces the model's arguments, so one field alone is refused)."""
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    doc = ROOT / "docs" / "approvals.md"
+    lines = re.findall(r"^dormant approvals (\w+) (.*)$", doc.read_text(), re.MULTILINE)
+    assert {command for command, _ in lines} == {"list", "approve", "reject", "edit"}
+    for command, rest in lines:
+        shown = CliRunner().invoke(app, ["approvals", command, "--help"])
+        assert shown.exit_code == 0, shown.output
+        for option in re.findall(r"--[a-z-]+", rest):
+            assert option in shown.output, f"dormant approvals {command} has no {option}"
+    edit = next(rest for command, rest in lines if command == "edit")
+    found = re.search(r"'(\{.*?\})'", edit)
+    assert found is not None
+    namespace: dict[str, object] = {}
+    snippet = next(b for b in _python_blocks(doc) if "LocalSystem([clerk]" in b)
+    exec(compile(snippet.split("\nclerk = ")[0], str(doc), "exec"), namespace)
+    refund = namespace["refund"]
+    assert refund.error_for(json.loads(found[1])) is None  # type: ignore[attr-defined]
+
+
+def test_the_upgrades_page_upgrade_args_maps_old_calls_and_leaves_new_ones() -> None:
+    """docs/upgrades.md's ``from_lookup``: a call stored before the rename (``id``) runs
+    on the new signature, a current call passes through unchanged."""
+    doc = ROOT / "docs" / "upgrades.md"
+    snippet = next(b for b in _python_blocks(doc) if "upgrade_args=from_lookup" in b)
+    namespace: dict[str, object] = {"tool": __import__("dormant").tool}
+    exec(compile(snippet, str(doc), "exec"), namespace)
+    find_order = namespace["find_order"]
+    upgrade = find_order.upgrade_args  # type: ignore[attr-defined]
+    assert find_order.aliases == ("lookup",)  # type: ignore[attr-defined]
+    assert find_order.error_for(upgrade({"id": 7})) is None  # type: ignore[attr-defined]
+    assert upgrade({"order_id": 7, "include_lines": True}) == {"order_id": 7, "include_lines": True}
+    assert find_order.error_for({"id": 7}) is not None  # type: ignore[attr-defined]

@@ -346,6 +346,9 @@ def test_dormant_usage_shows_replays_under_their_tag(tmp_path: object) -> None:
     shown = CliRunner().invoke(app, ["usage", "--database-url", url, "--json"])
     assert shown.exit_code == 0, shown.output
     assert set(json.loads(shown.output)) == {"support", "support [replay:exp42]"}
+    table = CliRunner().invoke(app, ["usage", "--database-url", url])
+    assert table.exit_code == 0, table.output
+    assert "support [replay:exp42]" in table.output  # a name, not Rich markup to strip
 
 
 def test_a_batch_replays_a_sample_of_recorded_roots_and_reports_their_diffs(

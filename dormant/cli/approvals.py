@@ -145,7 +145,9 @@ def reject(
 def edit(
     thread_id: str,
     call_id: str,
-    args: str = typer.Argument(..., help="The new arguments as a JSON object: '{\"amount\": 90}'"),
+    args: str = typer.Argument(
+        ..., help='All the new arguments, as a JSON object: \'{"order_id": "A-17", "amount": 90}\''
+    ),
     by: str | None = typer.Option(None, "--by", help=_BY_HELP),
     digest: str | None = typer.Option(None, "--digest", help=_DIGEST_HELP),
     reason: str = typer.Option("", "--reason", help="Why (shown in the history)."),

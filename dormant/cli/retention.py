@@ -30,6 +30,7 @@ def quarantine(
     """Quarantined (poison) messages of every thread, with why; `retry` puts them back."""
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from dormant.cli.connect import open_store
 
@@ -40,13 +41,14 @@ def quarantine(
         return
     table = Table("thread", "message", "kind", "since", "reason")
     for row in rows:
-        table.add_row(
+        cells = (
             row.thread_id,
             row.message_id,
             row.message.kind,
             f"{row.created_at:%Y-%m-%d %H:%M:%S}",
             row.reason,
         )
+        table.add_row(*map(Text, cells))  # ids and errors, never markup: `[Errno 111]`
     Console().print(table)
 
 

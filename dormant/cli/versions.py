@@ -29,6 +29,7 @@ def versions(
     """
     from rich.console import Console
     from rich.table import Table
+    from rich.text import Text
 
     from dormant.cli.connect import open_store
     from dormant.settings import Settings
@@ -48,7 +49,8 @@ def versions(
         live = ", ".join(r["live_workers"]) or "none: drained"
         seen = r["last_seen"][:19] if r["last_seen"] else "-"
         tools = ", ".join(r["tools"])
-        table.add_row(r["agent"], r["version"] or "-", str(r["open_threads"]), live, seen, tools)
+        cells = (r["agent"], r["version"] or "-", str(r["open_threads"]), live, seen, tools)
+        table.add_row(*map(Text, cells))  # names and versions, never markup
     Console().print(table)
 
 

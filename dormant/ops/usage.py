@@ -36,7 +36,7 @@ def usage_table(usage: dict[str, Spend]) -> Table:
     """One row per agent, and a total when there are several."""
     table = Table("agent", "completions", "tokens in", "tokens out", "cached", "cost")
     for name, spend in usage.items():
-        table.add_row(name, *_cells(spend))
+        table.add_row(Text(name), *_cells(spend))  # a name, never markup: `[replay:tag]`
     if len(usage) > 1:
         total = sum(usage.values(), Spend())
         table.add_row(Text("total", style="bold"), *_cells(total))
