@@ -4,6 +4,7 @@ POST does; a forged, altered, expired or replayed link is refused."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import httpx
@@ -11,11 +12,16 @@ import pytest
 
 from dormant import Agent
 from dormant.errors import NotAwaitingApproval
+from dormant.http.approval_links import with_links
+from dormant.http.callbacks import callback_app
+from dormant.http.dev_server import make_dev_server
 from dormant.http.serve import asgi_app
 from dormant.http.tokens import callback_url
 from dormant.http.webhooks import WebhookReceiver
 from dormant.messages import ApprovalDecision
+from dormant.settings import Settings
 from dormant.stores.base import Store
+from tests.browser import free_port
 from tests.harness import Harness, results
 from tests.test_approvals import RAN, _refund_and_lookup, _script, lookup, refund
 
@@ -153,3 +159,31 @@ def test_a_link_used_after_another_channel_decided_is_refused(store: Store) -> N
     refused = _request(h, "POST", links["approve"])
     assert refused.status_code == 409
     assert [name for name, _ in RAN].count("refund") == 1  # the edited run only
+
+
+def test_dormant_callbacks_answers_the_links_the_default_callback_base_makes(
+    store: Store,
+) -> None:
+    """The default ``DORMANT_CALLBACK_BASE_URL`` is ``dormant callbacks``' port: the links it
+    makes are answered there (GET shows, POST decides), and callbacks still pass through."""
+    port = free_port()
+    settings = Settings(callback_base_url=f"http://127.0.0.1:{port}/dormant/callbacks")
+    agent = Agent("clerk", model=_script(_refund_and_lookup()), tools=[refund, lookup])
+    h = Harness(agent, store=store, settings=settings)
+    t = h.launch("clerk", "refund o1")
+    h.settle(t)
+    links = h.approval_links(t, "c_refund", by="alice@example.com")
+    with make_dev_server("127.0.0.1", port, with_links(h, callback_app(h))) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            page = httpx.get(links["approve"], timeout=30)
+            done = httpx.post(links["approve"], data={"reason": "checked"}, timeout=30)
+            callback = httpx.get(f"http://127.0.0.1:{port}/dormant/callbacks/x/y", timeout=30)
+        finally:
+            server.shutdown()
+    assert page.status_code == 200 and "Refund 250.0 to o1?" in page.text
+    assert done.status_code == 200 and "Approved" in done.text
+    assert callback.status_code == 405  # the callback receiver's own answer
+    h.settle(t)
+    [made] = _decisions(h, t)
+    assert (made.decision, made.by, made.reason) == ("approve", "alice@example.com", "checked")

@@ -336,14 +336,16 @@ def callbacks(
     host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
     port: int = port_option(8765),
 ) -> None:
-    """Serve callback URLs (development server; mount dormant.callbacks in production)."""
+    """Serve callback URLs and approval links (development server; mount dormant.callbacks
+    in production, and answer links with dormant serve)."""
     from dormant.cli.listen import cannot_listen
+    from dormant.http.approval_links import with_links
     from dormant.http.callbacks import callback_app
     from dormant.http.dev_server import make_dev_server
 
     with open_client() as client:
         try:
-            server = make_dev_server(host, port, callback_app(client))
+            server = make_dev_server(host, port, with_links(client, callback_app(client)))
         except OSError as error:
             raise cannot_listen(host, port, error) from None
         with server:

@@ -7,6 +7,9 @@ page (mail scanners and chat previews follow links: they must decide nothing); t
 button POSTs to the same URL, and only that decides, through the client's checks like any
 channel (``channel="link"``). A forged, altered or expired link is refused (403) and logged;
 a replayed one meets "already decided" (409), since the first decision wins.
+
+``dormant callbacks``, the development server on the default callback base's port, answers
+them too (``with_links``), so the links the default settings make lead somewhere.
 """
 
 from __future__ import annotations
@@ -14,17 +17,22 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
+from http import HTTPStatus
+from typing import Any
 from urllib.parse import parse_qs, unquote
 
 from dormant.approvals import find_request
 from dormant.base_client import BaseClient
 from dormant.errors import DecisionRefused, InvalidToken, NotFound
 from dormant.http.asgi import BodyTooLarge, Receive, Scope, Send, read_body
+from dormant.http.callbacks import StartResponse, WSGIApp
+from dormant.http.paths import sent_path
 from dormant.http.tokens import verify_link
 from dormant.http.ui.html import esc, json_block
 
-__all__ = ["APPROVALS_PREFIX", "LinkReply", "answer_link", "serve_link"]
+__all__ = ["APPROVALS_PREFIX", "LinkReply", "answer_link", "serve_link", "with_links"]
 
 APPROVALS_PREFIX = "/dormant/approvals/"
 _DECISIONS = ("approve", "reject")
@@ -51,12 +59,34 @@ async def serve_link(client: BaseClient, scope: Scope, receive: Receive, send: S
         try:
             form = (await read_body(receive, _MAX_FORM_BYTES)).decode("utf-8", "replace")
         except BodyTooLarge:
-            await _respond(
-                send, LinkReply(413, _page("Too large", "<p>The form is too large.</p>"))
-            )
+            await _respond(send, _too_large)
             return
     reply = await asyncio.to_thread(answer_link, client, method, path, query, form)
     await _respond(send, reply)
+
+
+def with_links(client: BaseClient, app: WSGIApp) -> WSGIApp:
+    """``app`` with approval links answered beside it, on a WSGI server that owns every
+    path (``dormant callbacks``)."""
+
+    def routed(environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        path = sent_path(environ)
+        if not path.startswith(APPROVALS_PREFIX):
+            return app(environ, start_response)
+        method = str(environ.get("REQUEST_METHOD", ""))
+        reply = _too_large
+        length = str(environ.get("CONTENT_LENGTH") or "0")
+        if length.isascii() and length.isdigit() and int(length) <= _MAX_FORM_BYTES:
+            form = environ["wsgi.input"].read(int(length)) if method == "POST" else b""
+            query = parse_qs(str(environ.get("QUERY_STRING", "")))
+            reply = answer_link(client, method, path, query, form.decode("utf-8", "replace"))
+        data = reply.html.encode()
+        headers = [(k.decode(), v.decode()) for k, v in _HEADERS]
+        status = f"{reply.status} {HTTPStatus(reply.status).phrase}"
+        start_response(status, [*headers, ("Content-Length", str(len(data)))])
+        return [data]
+
+    return routed
 
 
 def answer_link(
@@ -160,3 +190,6 @@ async def _respond(send: Send, reply: LinkReply) -> None:
     headers = [*_HEADERS, (b"content-length", str(len(data)).encode())]
     await send({"type": "http.response.start", "status": reply.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
+
+
+_too_large = LinkReply(413, _page("Too large", "<p>The form is too large.</p>"))
