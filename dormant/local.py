@@ -210,6 +210,16 @@ class LocalSystem(BaseClient):
     def publish(self, event: Event) -> None:
         self._log.publish(event)
 
+    def wake_failed(self, thread_id: str, error: Exception) -> None:
+        """A wake refused because the system is closing (its pool takes no more work) is
+        not a broken broker: say what becomes of the thread instead."""
+        if not self._stop.is_set():
+            super().wake_failed(thread_id, error)
+            return
+        durable = not self.settings.database_url.startswith("memory:")
+        then = "; a LocalSystem opening the same database runs it" if durable else ""
+        log.warning("thread %s has work left as its LocalSystem closes%s", thread_id, then)
+
     # the Dispatcher protocol -------------------------------------------------------------
 
     def wake(self, thread_id: str, priority: int) -> bool:

@@ -94,7 +94,11 @@ def test_a_timer_due_while_the_process_was_down_fires_after_restart(tmp_path: Pa
         assert final_text(system, thread_id).startswith("done: Woke up at the target time")
 
 
-def test_close_waits_for_a_running_tool_and_its_result_is_kept(tmp_path: Path) -> None:
+def test_close_waits_for_a_running_tool_and_its_result_is_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The result comes back while the system closes: it is stored, the log says the next
+    system runs it (there is no sweeper to wake it), and the next system does."""
     url = f"sqlite:///{tmp_path}/agents.db"
     release.clear()
     system = LocalSystem([AGENT], url)
@@ -104,8 +108,15 @@ def test_close_waits_for_a_running_tool_and_its_result_is_kept(tmp_path: Path) -
     while not any(c.name == "slow_lookup" for c in system.store.load(thread_id).calls.values()):
         assert datetime.now(UTC) < deadline, "the tool never started"
     closer.start()
+    while not system._stop.is_set():  # closing: its pool takes no more work
+        assert datetime.now(UTC) < deadline, "close never began"
     release.set()
     closer.join(timeout=10)
+    said = [r.getMessage() for r in caplog.records if r.name == "dormant.local"]
+    assert said == [
+        f"thread {thread_id} has work left as its LocalSystem closes; "
+        "a LocalSystem opening the same database runs it"
+    ]
     with LocalSystem([AGENT], url) as again:
         again.run_until_idle()
         assert final_text(again, thread_id) == "done: k=42"
