@@ -191,7 +191,8 @@ class LocalSystem(BaseClient):
     def close(self) -> None:
         """Stop the sweeper, let running slices and tools finish, close the store and the
         process's MCP sessions (their servers stop; a later call starts them again)."""
-        self._stop.set()
+        with self._lock:  # no work is queued after this (``_submit``)
+            self._stop.set()
         self._nudge.set()
         self._sweeper.join()
         self._pool.shutdown(wait=True)
@@ -210,16 +211,6 @@ class LocalSystem(BaseClient):
     def publish(self, event: Event) -> None:
         self._log.publish(event)
 
-    def wake_failed(self, thread_id: str, error: Exception) -> None:
-        """A wake refused because the system is closing (its pool takes no more work) is
-        not a broken broker: say what becomes of the thread instead."""
-        if not self._stop.is_set():
-            super().wake_failed(thread_id, error)
-            return
-        durable = not self.settings.database_url.startswith("memory:")
-        then = "; a LocalSystem opening the same database runs it" if durable else ""
-        log.warning("thread %s has work left as its LocalSystem closes%s", thread_id, then)
-
     # the Dispatcher protocol -------------------------------------------------------------
 
     def wake(self, thread_id: str, priority: int) -> bool:
@@ -227,11 +218,23 @@ class LocalSystem(BaseClient):
             if self._queued.get(thread_id, -1) >= priority:
                 return False  # a queued slice at least as urgent drains everything first
             self._queued[thread_id] = priority
-        self._submit(self._run_slice, thread_id, priority)
-        return True
+        if self._submit(self._run_slice, thread_id, priority):
+            return True
+        with self._lock:
+            self._queued.pop(thread_id, None)
+        self._left_at_close(thread_id)
+        return False
 
     def dispatch(self, row: OutboxRow) -> None:
-        self._submit(self._run_tool, row, Priority.BACKGROUND)
+        if not self._submit(self._run_tool, row, Priority.BACKGROUND):
+            self._left_at_close(row.thread_id)  # its outbox row stays unsent
+
+    def _left_at_close(self, thread_id: str) -> None:
+        """Work handed over as the system closes is stored, not lost, but nothing here runs
+        it: no sweeper outlives ``close``."""
+        durable = not self.settings.database_url.startswith("memory:")
+        then = "; a LocalSystem opening the same database runs it" if durable else ""
+        log.warning("thread %s has work left as its LocalSystem closes%s", thread_id, then)
 
     # running --------------------------------------------------------------------------
 
@@ -319,14 +322,19 @@ class LocalSystem(BaseClient):
         if run and isinstance(outcome, NotHere):  # the next sweep sends it again
             self.store.unclaim_outbox(row.id)
 
-    def _submit(self, fn: Callable[..., None], arg: object, priority: int) -> None:
+    def _submit(self, fn: Callable[..., None], arg: object, priority: int) -> bool:
         """Queue ``fn(arg)`` by priority: the pool thread that frees up next runs the most
-        urgent queued work (user text before tool results), not the oldest."""
+        urgent queued work (user text before tool results), not the oldest. False once
+        the system is closing: nothing queued (``close`` stops taking work under the same
+        lock, so whatever was queued before still runs)."""
         with self._lock:
+            if self._stop.is_set():
+                return False
             self._in_flight += 1
             heapq.heappush(self._ready, (-priority, next(self._arrivals), fn, arg))
-        future: Future[None] = self._pool.submit(self._run_next)
+            future: Future[None] = self._pool.submit(self._run_next)
         future.add_done_callback(self._finished)
+        return True
 
     def _run_next(self) -> None:
         with self._lock:
