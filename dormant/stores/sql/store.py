@@ -44,6 +44,7 @@ from dormant.stores.base import (
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.sql import statements as rows
 from dormant.stores.sql.claims import SQLClaims
+from dormant.stores.sql.commits import commit_at_once, plain, sent_at_once
 from dormant.stores.sql.direct import direct_transaction, run, run_many
 from dormant.stores.sql.engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
 from dormant.stores.sql.items import ITEM_CACHE_BYTES, ItemCache
@@ -448,15 +449,13 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
     @retry_busy
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
         now = _now()
-        # Closing a subtree and messages for other threads are rare and still use
-        # SQLAlchemy statements: only a commit without them runs direct.
-        plain = not (
-            commit.close_descendants
-            or commit.enqueue
-            or commit.closed_reason
-            or any(t.messages for t in commit.threads)
-        )
-        with self._tx(write=True, direct=plain) as conn:
+        if self._postgres and self._caller is None and sent_at_once(commit):  # commits.py
+            with self._tx(write=True, direct=True, alone=True) as conn:
+                created = commit_at_once(conn, commit, now)
+            if created is None:
+                self.thread(commit.thread_id)  # UnknownThread if it is gone
+            return created
+        with self._tx(write=True, direct=plain(commit)) as conn:
             if not rows.advance_thread(conn, commit, now):
                 rows.get_thread(conn, commit.thread_id)
                 return None
