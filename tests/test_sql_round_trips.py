@@ -1,6 +1,8 @@
-"""A slice's load on PostgreSQL in one round trip (``stores/sql/loads.py``) reads what the
-load one statement at a time reads, and falls back to it where it cannot serve: a thread
-with ancestors, a history cache entry that changed under the read."""
+"""A slice's load and commit on PostgreSQL in one and two round trips (``stores/sql/loads.py``,
+``commits.py``): the load reads what the load one statement at a time reads, and falls back
+to it where it cannot serve (a thread with ancestors, a history cache entry that changed
+under the read); the commit's statements, bound by the driver, store exactly what they
+were given."""
 
 from __future__ import annotations
 
@@ -96,3 +98,35 @@ def test_a_cache_entry_that_changed_under_the_read_is_read_again(
     # had ended at seq 1 when it was sent.
     monkeypatch.setattr(ItemCache, "last_seq", lambda self, thread_id: 1)
     assert [s.seq for s in store.load(tid).items] == [1, 2]
+
+
+def test_a_commit_sent_at_once_stores_any_text_exactly_and_its_outbox_rows_in_order(
+    store: SQLStore,
+) -> None:
+    tid = _id()
+    store.create_thread(NewThread(id=tid, agent="a", messages=[("m0", UserMessage(text="x"), 8)]))
+    snap = store.load(tid)
+    text = 'it\'s 100% \\ done; %s %(x)s $1 \\x00ff "q" -- é ☃ 𝄞 ;COMMIT; ROLLBACK'
+    items = [StoredItem(seq=snap.next_seq, message_id=f"a;'{tid}", item=AssistantTurn(text=text))]
+    commit = Commit(
+        thread_id=tid,
+        version=snap.thread.version,
+        status=ThreadStatus.WAITING,
+        inbox_seen=snap.inbox[0].id,
+        items=items,
+        done=[snap.inbox[0].id],
+        outbox=[("c1", "tool"), ("c2'", "tool"), ("c3", "cancel")],
+    )
+    created = store.commit(commit)
+    assert created is not None
+    assert [(r.call_id, r.action) for r in created] == [
+        ("c1", "tool"),
+        ("c2'", "tool"),
+        ("c3", "cancel"),
+    ]
+    assert [r.id for r in created] == sorted(r.id for r in created)
+    after = store.load(tid)
+    assert after.items == items and after.inbox == []
+    assert store.history(tid) == items
+    assert store.commit(commit) is None  # the version moved: nothing written
+    assert store.history(tid) == items
