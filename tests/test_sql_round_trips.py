@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from sqlalchemy.exc import IntegrityError
 
 from dormant.errors import UnknownThread
 from dormant.messages import AssistantTurn, UserMessage, UserText
@@ -130,3 +132,30 @@ def test_a_commit_sent_at_once_stores_any_text_exactly_and_its_outbox_rows_in_or
     assert store.history(tid) == items
     assert store.commit(commit) is None  # the version moved: nothing written
     assert store.history(tid) == items
+
+
+def test_a_commit_failing_after_its_guard_writes_nothing_and_quotes_no_text(
+    store: SQLStore,
+) -> None:
+    tid = _id()
+    store.create_thread(NewThread(id=tid, agent="a", items=[_said(1, "one")]))
+    store.enqueue(tid, "in1", UserMessage(text="x"), 8)
+    snap = store.load(tid)
+    clash = StoredItem(seq=1, message_id="again", item=AssistantTurn(text="secret words"))
+    commit = Commit(
+        thread_id=tid,
+        version=snap.thread.version,
+        status=ThreadStatus.WAITING,
+        inbox_seen=snap.inbox[0].id,
+        items=[clash],  # seq 1 is taken: the second message fails
+        done=[snap.inbox[0].id],
+        outbox=[("c1", "tool")],
+    )
+    with pytest.raises(IntegrityError) as raised:
+        store.commit(commit)
+    assert tid in str(raised.value) and "secret words" not in str(raised.value)
+    after = store.load(tid)
+    assert after.thread.version == snap.thread.version
+    assert after.inbox == snap.inbox and after.items == snap.items
+    waiting = store.undispatched(datetime.now(UTC) + timedelta(days=1))
+    assert [row for row in waiting if row.thread_id == tid] == []

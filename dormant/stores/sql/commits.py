@@ -144,8 +144,10 @@ def commit_at_once(conn: Connection, commit: Commit, now: datetime) -> list[Outb
         try:
             cursor.execute(sql)
         except conn.dialect.loaded_dbapi.Error as exc:
+            # Named, not quoted: the statements hold the turn's text, bound.
+            what = f"the commit of thread {tid} after its guard ({len(batch.kept)} statements)"
             dbapi_error = conn.dialect.loaded_dbapi.Error
-            raise DBAPIError.instance(sql, None, exc, dbapi_error, dialect=conn.dialect) from exc
+            raise DBAPIError.instance(what, None, exc, dbapi_error, dialect=conn.dialect) from exc
         created: list[OutboxRow] = []
         for index in range(len(batch.kept)):
             if plan is not None and first_outbox <= index < first_outbox + len(outbox):
