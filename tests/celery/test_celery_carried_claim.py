@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 import redis
+from celery.utils.saferepr import saferepr
 from conftest import REDIS_URL
 
 from dormant.celery.dispatch import CeleryDispatcher, carries_claims, client_dispatcher
@@ -96,3 +97,28 @@ def test_another_redis_for_the_marks_claims_first_then_sends(prefix: str) -> Non
         assert not carries_claims(dispatcher._app, marks)
     finally:
         dispatcher.close_broker()
+
+
+def test_a_sent_task_shows_its_arguments_as_celery_would(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    """The dispatcher writes the message's argument reprs itself (a send's ``saferepr``
+    cost 15 µs); Flower and the worker's log read exactly what Celery would have written,
+    and an id past Celery's bound is still shortened by Celery."""
+    dispatcher, _ = _dispatcher(prefix)
+    long_id = "t" * 2000
+    try:
+        dispatcher.wake("t1", Priority.BACKGROUND)
+        dispatcher.wake(long_id, Priority.BACKGROUND)
+    finally:
+        dispatcher.close_broker()
+    headers = {}
+    for key in redis_server.scan_iter(match=f"{prefix}:broker:dormant.*"):
+        for raw in redis_server.lrange(key, 0, -1):
+            message = json.loads(raw)["headers"]
+            body = json.loads(base64.b64decode(json.loads(raw)["body"]))
+            headers[body[1]["thread_id"]] = message
+    assert headers["t1"]["argsrepr"] == saferepr((), 1024)
+    assert headers["t1"]["kwargsrepr"] == saferepr({"thread_id": "t1"}, 1024)
+    assert headers[long_id]["kwargsrepr"] == saferepr({"thread_id": long_id}, 1024)
+    assert len(headers[long_id]["kwargsrepr"]) < 1100

@@ -20,7 +20,16 @@ from sqlalchemy import Connection, Dialect, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
-__all__ = ["DirectConnection", "Found", "Plan", "direct_transaction", "run", "run_many"]
+__all__ = [
+    "DirectConnection",
+    "Found",
+    "Plan",
+    "direct_transaction",
+    "plan_for",
+    "run",
+    "run_many",
+    "translated",
+]
 
 Params = dict[str, Any]
 
@@ -96,7 +105,8 @@ _plans: dict[tuple[int, str, tuple[str, ...]], Plan] = {}
 process (``prepared.py`` builds them once), so their ids are stable keys."""
 
 
-def _plan(conn: Connection, stmt: ClauseElement, params: Params) -> Plan:
+def plan_for(conn: Connection, stmt: ClauseElement, params: Params) -> Plan:
+    """``stmt`` compiled for ``conn``'s database (once: the plans are kept)."""
     columns = tuple(params) if getattr(stmt, "is_insert", False) else ()
     key = (id(stmt), conn.dialect.name, columns)
     plan = _plans.get(key)
@@ -108,7 +118,7 @@ def _plan(conn: Connection, stmt: ClauseElement, params: Params) -> Plan:
 def run(conn: Connection, stmt: ClauseElement, params: Params | None = None) -> Found:
     """Run ``stmt`` once on ``conn``'s driver connection, in its open transaction."""
     params = params or {}
-    plan = _plan(conn, stmt, params)
+    plan = plan_for(conn, stmt, params)
     bound = plan.bind(params)
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
@@ -116,7 +126,7 @@ def run(conn: Connection, stmt: ClauseElement, params: Params | None = None) -> 
         rows = [plan.row(r) for r in cursor.fetchall()] if plan.keys else []
         return Found(rows, cursor.rowcount)
     except conn.dialect.loaded_dbapi.Error as exc:
-        raise _translated(conn, plan, bound, exc) from exc
+        raise translated(conn, plan, bound, exc) from exc
     finally:
         cursor.close()
 
@@ -126,7 +136,7 @@ def run_many(conn: Connection, stmt: ClauseElement, many: list[Params]) -> None:
     Every dict has the same keys."""
     if not many:
         return
-    plan = _plan(conn, stmt, many[0])
+    plan = plan_for(conn, stmt, many[0])
     bound = [plan.bind(params) for params in many]
     cursor = conn.connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     try:
@@ -135,12 +145,12 @@ def run_many(conn: Connection, stmt: ClauseElement, many: list[Params]) -> None:
         else:
             cursor.executemany(plan.sql, bound)
     except conn.dialect.loaded_dbapi.Error as exc:
-        raise _translated(conn, plan, bound, exc) from exc
+        raise translated(conn, plan, bound, exc) from exc
     finally:
         cursor.close()
 
 
-def _translated(conn: Connection, plan: Plan, bound: Any, exc: Exception) -> Exception:
+def translated(conn: Connection, plan: Plan, bound: Any, exc: Exception) -> Exception:
     """The ``sqlalchemy.exc`` error SQLAlchemy would have raised (``IntegrityError``,
     ``OperationalError``...), so callers and ``retry_busy`` see one kind of error."""
     dialect = conn.dialect

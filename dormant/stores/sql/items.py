@@ -71,6 +71,14 @@ class ItemCache:
             self._entries.move_to_end(thread.id)
             return entry.items
 
+    def last_seq(self, thread_id: str) -> int | None:
+        """The seq of the last item cached for ``thread_id``, if any, unchecked: what a read
+        sent before the thread's row is known asks for (``loads.py``); ``known`` then says
+        whether the entry serves the snapshot."""
+        with self._lock:
+            entry = self._entries.get(thread_id)
+            return entry.items[-1].seq if entry is not None and entry.items else None
+
     def keep(self, thread: ThreadInfo, items: tuple[StoredItem, ...]) -> None:
         """Remember all of ``thread``'s items as read in a snapshot where it is as given."""
         if self._max_bytes <= 0:

@@ -44,10 +44,12 @@ from dormant.stores.base import (
 from dormant.stores.lineage import next_seq, visible_history
 from dormant.stores.sql import statements as rows
 from dormant.stores.sql.claims import SQLClaims
+from dormant.stores.sql.commits import commit_at_once, plain, sent_at_once
 from dormant.stores.sql.direct import direct_transaction, run, run_many
 from dormant.stores.sql.engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
 from dormant.stores.sql.items import ITEM_CACHE_BYTES, ItemCache
 from dormant.stores.sql.ledger import usage_by_agent
+from dormant.stores.sql.loads import OneTripLoads
 from dormant.stores.sql.prepared import prepared
 from dormant.stores.sql.retention import SQLRetention, check_room
 from dormant.stores.sql.roster import SQLRoster
@@ -159,6 +161,7 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
             _migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
         self._items = ItemCache(max_bytes=history_cache_bytes)
+        self._loads = OneTripLoads()
 
     def on_connection(self, connection: Connection) -> SQLStore:
         """This store writing on the caller's connection, inside the caller's transaction:
@@ -375,6 +378,11 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
 
     @retry_busy
     def load(self, thread_id: str) -> Snapshot:
+        if self._postgres and self._caller is None and self._loads.applies(thread_id):
+            with self._tx(direct=True, alone=True) as conn:  # one round trip: loads.py
+                found = self._loads.load(conn, thread_id, self._items)
+            if found is not None:
+                return found
         with self._tx(snapshot=True, direct=True) as conn:
             ready = prepared(conn)
             info = rows.get_thread(conn, thread_id)
@@ -441,15 +449,13 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
     @retry_busy
     def commit(self, commit: Commit) -> list[OutboxRow] | None:
         now = _now()
-        # Closing a subtree and messages for other threads are rare and still use
-        # SQLAlchemy statements: only a commit without them runs direct.
-        plain = not (
-            commit.close_descendants
-            or commit.enqueue
-            or commit.closed_reason
-            or any(t.messages for t in commit.threads)
-        )
-        with self._tx(write=True, direct=plain) as conn:
+        if self._postgres and self._caller is None and sent_at_once(commit):  # commits.py
+            with self._tx(write=True, direct=True, alone=True) as conn:
+                created = commit_at_once(conn, commit, now)
+            if created is None:
+                self.thread(commit.thread_id)  # UnknownThread if it is gone
+            return created
+        with self._tx(write=True, direct=plain(commit)) as conn:
             if not rows.advance_thread(conn, commit, now):
                 rows.get_thread(conn, commit.thread_id)
                 return None
