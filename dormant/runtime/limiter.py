@@ -3,8 +3,9 @@
 A bucket holds three limits at once: requests per minute and tokens per minute (each a
 bucket refilled continuously, full when first used or after a minute of quiet) and
 concurrent calls (slots, each with a lease so a holder that dies gives its slot back after
-``slot_ttl_s``; a live caller renews it, ``renew_slot``). One ``acquire`` refills, checks all three and either takes a request, the
-estimated tokens and a slot, or takes nothing and answers how long to wait.
+``slot_ttl_s``; a live caller renews it, ``renew_slot``). One ``acquire`` refills, checks
+all three and either takes a request, the estimated tokens and a slot, or takes nothing and
+answers how long to wait.
 
 Background work (not woken by user text) leaves ``RateLimit.reserve`` of every limit
 unused, so user text is admitted at once during a burst; and it is paced: a second, small
