@@ -20,6 +20,8 @@ from sqlalchemy import Connection, Dialect, Engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import ClauseElement
 
+from dormant.stores.sql.kept import KeptConnections
+
 __all__ = [
     "DirectConnection",
     "Found",
@@ -183,6 +185,7 @@ def direct_transaction(
     begin: str | None,
     snapshot: bool,
     alone: bool = False,
+    kept: KeptConnections | None = None,
 ) -> Iterator[Any]:
     """One transaction on a pooled driver connection: SQLite's begins with ``BEGIN
     {begin}`` (the engine's connections are in autocommit mode, ``engine.py``);
@@ -190,11 +193,12 @@ def direct_transaction(
     rolled back on any error; driver errors come out as ``sqlalchemy.exc`` errors.
 
     ``alone`` (PostgreSQL): the body runs one statement, which is its own transaction
-    (autocommit): one round trip, where ``BEGIN``, the statement and ``COMMIT`` are three."""
+    (autocommit): one round trip, where ``BEGIN``, the statement and ``COMMIT`` are three.
+    ``kept``: the thread's own connection (a SQLite file, ``kept.py``), not the pool's."""
     dialect = engine.dialect
     dbapi_error = dialect.loaded_dbapi.Error
     try:
-        fairy = engine.raw_connection()
+        fairy = kept.get() if kept is not None else engine.raw_connection()
     except dbapi_error as exc:  # the server refused or is unreachable: not yet translated
         raise DBAPIError.instance(None, None, exc, dbapi_error, dialect=dialect) from exc
     raw = fairy.dbapi_connection
@@ -229,7 +233,8 @@ def direct_transaction(
                 if alone and not raw.closed:  # type: ignore[union-attr]
                     raw.autocommit = False  # type: ignore[union-attr]
     finally:
-        fairy.close()
+        if kept is None:
+            fairy.close()  # back to the pool
 
 
 def _repeatable_read() -> Any:

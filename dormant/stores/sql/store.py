@@ -48,6 +48,7 @@ from dormant.stores.sql.commits import commit_at_once, plain, sent_at_once
 from dormant.stores.sql.direct import direct_transaction, run, run_many
 from dormant.stores.sql.engine import SQLITE_BEGIN, is_memory, make_engine, retry_busy
 from dormant.stores.sql.items import ITEM_CACHE_BYTES, ItemCache
+from dormant.stores.sql.kept import KeptConnections
 from dormant.stores.sql.ledger import usage_by_agent
 from dormant.stores.sql.loads import OneTripLoads
 from dormant.stores.sql.prepared import prepared
@@ -155,6 +156,9 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
         self._writer: AbstractContextManager[Any] = (
             threading.Lock() if sqlite_file else nullcontext()
         )
+        # Each thread keeps its own SQLite connection: the pool's round costs more than a
+        # transaction (kept.py).
+        self._kept = KeptConnections(self._engine) if sqlite_file else None
         self._table_prefix = table_prefix
         self._schema_checked = memory  # nobody else reaches it: migrated here, to head
         if memory:
@@ -204,7 +208,12 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
                 self._serial,
                 writer,
                 direct_transaction(
-                    self._engine, options, begin=begin, snapshot=snapshot, alone=alone
+                    self._engine,
+                    options,
+                    begin=begin,
+                    snapshot=snapshot,
+                    alone=alone,
+                    kept=self._kept,
                 ) as raw,
             ):
                 yield cast(Connection, raw)
@@ -495,4 +504,6 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
             run_many(conn, stmt, [{"row_id": i, "now": now} for i in outbox_ids])
 
     def close(self) -> None:
+        if self._kept is not None:
+            self._kept.close()
         self._engine.dispose()
