@@ -24,10 +24,11 @@ def _upgrade_from_0005(url: str) -> None:
     from sqlalchemy import MetaData
     from sqlalchemy.engine import make_url
 
+    from dormant.stores.sql.migrate import alembic_config
     from dormant.stores.sql.rows import inbox_values, thread_values
-    from dormant.stores.sql.store import SQLStore, _alembic_config, make_engine, upgrade
+    from dormant.stores.sql.store import SQLStore, make_engine, upgrade
 
-    command.upgrade(_alembic_config(make_url(url), ""), "0005")
+    command.upgrade(alembic_config(make_url(url), ""), "0005")
     thread_id = uid("t")
     now = datetime.now(UTC)
     engine = make_engine(url)

@@ -39,9 +39,9 @@ SECRET = {"DORMANT_SECRET_KEY": "k" * 32}
 def _migrate(url: str, revision: str) -> None:
     from alembic import command
 
-    from dormant.stores.sql.store import _alembic_config
+    from dormant.stores.sql.migrate import alembic_config
 
-    command.upgrade(_alembic_config(make_url(url), ""), revision)
+    command.upgrade(alembic_config(make_url(url), ""), revision)
 
 
 def _stamp(url: str, revision: str) -> None:
@@ -103,10 +103,10 @@ def _agent() -> Agent:
 def test_the_revisions_known_without_alembic_are_alembics() -> None:
     from alembic.script import ScriptDirectory
 
-    from dormant.stores.sql.store import _alembic_config
+    from dormant.stores.sql.migrate import alembic_config
     from dormant.stores.sql.versions import known_revisions, schema_head
 
-    scripts = ScriptDirectory.from_config(_alembic_config(make_url("sqlite://"), ""))
+    scripts = ScriptDirectory.from_config(alembic_config(make_url("sqlite://"), ""))
     walked = [s.revision for s in scripts.walk_revisions()]
     assert list(known_revisions()) == sorted(walked)
     assert schema_head() == scripts.get_current_head() == HEAD

@@ -42,9 +42,9 @@ def empty_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
 def _migrate(url: str, revision: str, *, down: bool = False) -> None:
     from alembic import command
 
-    from dormant.stores.sql.store import _alembic_config
+    from dormant.stores.sql.migrate import alembic_config
 
-    config = _alembic_config(make_url(url), "")
+    config = alembic_config(make_url(url), "")
     (command.downgrade if down else command.upgrade)(config, revision)
 
 

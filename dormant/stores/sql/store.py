@@ -18,11 +18,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
-from sqlalchemy import Connection, Engine, case, select, tuple_, update
-from sqlalchemy.engine import URL
+from sqlalchemy import Connection, case, select, tuple_, update
 from sqlalchemy.exc import IntegrityError
 
 from dormant.errors import DuplicateMessage, UnknownCall, UnknownThread
@@ -51,6 +49,7 @@ from dormant.stores.sql.items import ITEM_CACHE_BYTES, ItemCache
 from dormant.stores.sql.kept import KeptConnections
 from dormant.stores.sql.ledger import usage_by_agent
 from dormant.stores.sql.loads import OneTripLoads
+from dormant.stores.sql.migrate import MIGRATIONS_DIR, migrate, upgrade
 from dormant.stores.sql.prepared import prepared
 from dormant.stores.sql.retention import SQLRetention, check_room
 from dormant.stores.sql.roster import SQLRoster
@@ -66,61 +65,13 @@ from dormant.stores.sql.sends import insert_checked
 from dormant.stores.sql.sweep import SQLSweep
 from dormant.stores.sql.tables import as_utc, schema
 from dormant.stores.sql.timers import SQLTimerQuery
-from dormant.stores.sql.versions import VERSION_TABLE, SchemaCheck, refuse_unknown
-
-if TYPE_CHECKING:
-    from alembic.config import Config
+from dormant.stores.sql.versions import VERSION_TABLE, SchemaCheck
 
 __all__ = ["MIGRATIONS_DIR", "VERSION_TABLE", "SQLStore", "make_engine", "upgrade"]
-
-MIGRATIONS_DIR = Path(__file__).parent.parent / "migrations"
 
 
 def _now() -> datetime:
     return datetime.now(UTC)
-
-
-# Migrations --------------------------------------------------------------------------
-
-
-def _alembic_config(url: URL, table_prefix: str) -> Config:
-    """Alembic's configuration, built in code: the package ships no ``alembic.ini``. The
-    migrations read ``table_prefix`` to name every table, index and constraint. Alembic
-    (with mako) is imported here, not with the store: a worker never migrates."""
-    from alembic.config import Config
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    config.set_main_option("path_separator", "os")
-    config.set_main_option(
-        "sqlalchemy.url", url.render_as_string(hide_password=False).replace("%", "%%")
-    )
-    config.set_main_option("version_table", table_prefix + VERSION_TABLE)
-    config.set_main_option("table_prefix", table_prefix)
-    return config
-
-
-def _migrate(engine: Engine, table_prefix: str = "") -> None:
-    from alembic import command
-
-    config = _alembic_config(engine.url, table_prefix)
-    # On SQLite the migration takes the write lock before it reads the version table: two
-    # processes opening a new file at once then run one after the other (the second finds
-    # the tables made), as PostgreSQL's advisory lock in env.py makes them there.
-    with engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"}).begin() as conn:
-        refuse_unknown(conn, table_prefix)  # Alembic: "Can't locate revision '0011'"
-        config.attributes["connection"] = conn
-        command.upgrade(config, "head")
-
-
-def upgrade(database_url: str, *, table_prefix: str = "") -> None:
-    """Bring the database's schema to the newest shipped migration (``dormant db upgrade``);
-    ``table_prefix`` names the tables (``Settings.table_prefix``)."""
-    engine = make_engine(database_url)
-    try:
-        _migrate(engine, table_prefix)
-    finally:
-        engine.dispose()
 
 
 # The store ---------------------------------------------------------------------------
@@ -162,7 +113,7 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
         self._table_prefix = table_prefix
         self._schema_checked = memory  # nobody else reaches it: migrated here, to head
         if memory:
-            _migrate(self._engine, table_prefix)
+            migrate(self._engine, table_prefix)
         self._caller: Connection | None = None
         self._items = ItemCache(max_bytes=history_cache_bytes)
         self._loads = OneTripLoads()
