@@ -94,6 +94,7 @@ bench-full: bench-env
 	$(BIN)/python bench/idle_scale.py --threads 1000,1000000 --out bench/results/full/idle_scale.json
 	$(BIN)/python bench/burst.py --agents 2000 --rpm 400 --out bench/results/full/burst.json
 	$(BIN)/python bench/history_cache.py --out bench/results/full/history_cache.json
+	$(BIN)/python bench/instructions.py --out bench/results/full/instructions.json
 	$(BENCH_PLOT)/bin/python bench/plots.py --results bench/results/full --out bench/results/full
 	$(BIN)/python bench/summary.py --results bench/results/full $(BENCH_BEFORE_ARG)
 
