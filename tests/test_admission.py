@@ -19,7 +19,7 @@ from dormant.models import OpenAIModel, RateLimit, ScriptedModel, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.rate_limit import ProviderLimits, provider_limits
 from dormant.runtime.admission import PARKED_LAG, PLACE_BACKSTOP_S, limit_for
-from dormant.runtime.limiter import Ask, MemoryLimiter
+from dormant.runtime.limiter import AWAKE_GRACE_S, Ask, MemoryLimiter
 from dormant.runtime.slice import Deferred, Idle
 from dormant.runtime.sweeper import sweep_once
 from dormant.stores.base import InboxState, NewThread, Priority, Store, ThreadStatus
@@ -701,8 +701,10 @@ def test_a_launch_takes_a_place_without_a_slice_only_while_its_line_queues() -> 
     assert ask("t1") == 0  # t1 at its place: admitted, it wakes the next within 2 s
     woken = limiter.next_due("b", limit, 60.0)
     assert woken == [("p0", pytest.approx(1.0)), ("p1", pytest.approx(2.0))]
-    assert limiter.next_due("b", limit, 60.0) == [("p2", pytest.approx(3.0))]  # the next
-    assert limiter.next_due("b", limit, 60.0) == []
+    assert limiter.next_due("b", limit, 60.0) == []  # p0 and p1, awake, will wake p2
+    clock.now_s += 1.0
+    assert ask("p0") == 0  # at its turn: p2's comes within 2 s
+    assert limiter.next_due("b", limit, 60.0) == [("p2", pytest.approx(2.0))]
 
 
 def test_a_launch_is_not_parked_when_no_one_ahead_would_wake_it() -> None:
@@ -855,3 +857,31 @@ def test_an_admitted_ask_wakes_no_more_parked_threads_than_free_concurrency_slot
     assert limiter.next_due("b", limit, 60.0) == []
     limiter.release("b", limit, "t0")
     assert [holder for holder, _ in limiter.next_due("b", limit, 60.0)] == ["p0"]
+
+
+def test_the_next_parked_thread_is_left_parked_while_one_awake_ahead_will_wake_it() -> None:
+    """Issue 35, ``make bench``'s small burst: every admitted call, and every call's end,
+    woke the next parked thread "in any case", however far its turn, so at 300 RPM the
+    whole queue was woken ahead (each holding a countdown to its turn); a 429 then put every
+    one of them behind its turn, a refused slice each (36 of 61 deferrals). Now the next is
+    woken past the window only when no holder awake ahead of it (woken, or deferred to its
+    place) will ask first and wake it."""
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(rpm=20, reserve=0.0)  # a call each 3 s: every turn past the window
+
+    def ask(holder: str) -> float:
+        return limiter.acquire("b", limit, Ask(10, holder, 30, False, "a", holder=holder, line="l"))
+
+    assert ask("t0") == 0
+    assert ask("t1") == pytest.approx(3.0)  # refused: awake, at its place
+    assert limiter.place("l", "p0") == pytest.approx(6.0)
+    assert limiter.place("l", "p1") == pytest.approx(9.0)
+    for _ in range(3):  # t1 will ask before p0 and wake it: nobody is woken yet
+        assert limiter.next_due("b", limit, 60.0) == []
+    clock.now_s += 3.0
+    assert ask("t1") == 0
+    assert limiter.next_due("b", limit, 60.0) == [("p0", pytest.approx(3.0))]
+    assert limiter.next_due("b", limit, 60.0) == []  # p0, awake, will wake p1
+    clock.now_s += 3.0 + AWAKE_GRACE_S + 1  # p0 never asked: presumed lost, p1 is woken
+    assert [holder for holder, _ in limiter.next_due("b", limit, 60.0)] == ["p1"]

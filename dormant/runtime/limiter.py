@@ -63,6 +63,7 @@ from typing import Protocol
 from dormant.rate_limit import ProviderLimits, RateLimit
 
 __all__ = [
+    "AWAKE_GRACE_S",
     "CONCURRENCY_SPACING_S",
     "COUNTERS",
     "NEXT_DUE_MOST",
@@ -104,6 +105,11 @@ one in any case): enough that a hand-off's latency (publish, start, load) never 
 turn late at any rate, and few countdowns held by a worker (three at 100 RPM)."""
 NEXT_DUE_MOST = 64
 """The most parked holders one ``next_due`` wakes."""
+AWAKE_GRACE_S = 5.0
+"""A holder not parked (woken, or deferred to its place) is awake until this long after
+its place: it will ask and wake the next, so the next parked one, its turn further than
+``WAKE_AHEAD_S``, is left parked. Past it, the holder is presumed lost (its worker died,
+user text answered it) and the next is woken anyway, so the chain never stalls on it."""
 
 COUNTERS = ("admitted", "refused", "deferred", "parked", "rate_limited", "asleep_s")
 """What a limiter counts: asks admitted and refused, slices that ended for want of capacity
@@ -170,9 +176,10 @@ class Limiter(Protocol):
 
     def next_due(self, bucket: str, limit: RateLimit, longest_s: float) -> list[tuple[str, float]]:
         """What an admitted ask, or a call's end, wakes: the parked holders of ``bucket``
-        whose turns come within ``WAKE_AHEAD_S``, and the first in any case, none further
-        than ``longest_s`` and no more than the concurrency slots free (a slot given back
-        asks again); each with the seconds until its turn, and parked no longer."""
+        whose turns come within ``WAKE_AHEAD_S``, and the first one unless a holder awake
+        ahead of it will ask first (``AWAKE_GRACE_S``), none further than ``longest_s``
+        and no more than the concurrency slots free (a slot given back asks again); each
+        with the seconds until its turn, and parked no longer."""
         ...
 
     def count(self, counter: str, amount: float = 1.0) -> None:
@@ -315,12 +322,18 @@ class MemoryLimiter:
                 most = min(most, usable - len(state.slots))
                 limit = replace(limit, concurrency=None)
             due: list[tuple[str, float]] = []
+
+            def awake(place: float) -> bool:  # someone ahead will ask, and wake the next
+                since = now - AWAKE_GRACE_S
+                found = state.places.items()
+                return any(since < p < place and h not in state.parked for h, p in found)
+
             for holder, place in sorted(state.parked.items(), key=lambda kv: kv[1]):
                 if len(due) >= most:
                     break
                 ahead = sum(p < place for p in state.places.values()) + len(state.turns)
                 wait_s = max(place - now, _wait_s(state, limit, ask, now, ahead), 0.0)
-                if (due and wait_s > WAKE_AHEAD_S) or wait_s > longest_s:
+                if wait_s > longest_s or (wait_s > WAKE_AHEAD_S and (due or awake(place))):
                     break
                 due.append((holder, wait_s))
             for holder, _ in due:

@@ -24,6 +24,7 @@ import redis
 
 from dormant.rate_limit import ProviderLimits, RateLimit
 from dormant.runtime.limiter import (
+    AWAKE_GRACE_S,
     CONCURRENCY_SPACING_S,
     COUNTERS,
     NEXT_DUE_MOST,
@@ -260,13 +261,13 @@ return math.max(1, math.ceil(start - now))
 """
 )
 
-# ARGV[7..] the longest wait to wake (ms), how far ahead to wake (ms), the slot poll
-# (unused: free slots bound the count), how long a place is kept (ms), the most to wake.
+# ARGV[7..] the longest wait to wake (ms), how far ahead to wake (ms), how long after its
+# place a holder not parked is awake (ms), how long a place is kept (ms), the most to wake.
 # Returns holder, wait (ms), holder, ...
 _NEXT_DUE = (
     _REFILL
     + """
-local longest, ahead_ms, poll = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local longest, ahead_ms, grace = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local kept, most = tonumber(ARGV[10]), tonumber(ARGV[11])
 forget(kept)
 if conc > 0 then  -- no more than the free slots: a release wakes the rest
@@ -283,10 +284,13 @@ for i = 1, #parked, 2 do
   ahead = ahead + redis.call('ZCARD', KEYS[8])  -- user text waiting its turn goes first
   -- a turn's tokens: what calls have been using (unknown before the first answer)
   local wait = math.max(0, place - now, wait_for(used, used, false, ahead, 0))
-  if (#due > 0 and wait > ahead_ms) or wait > longest then break end
+  -- past the window, the first is woken only if no holder awake ahead will ask first
+  local since, upto = string.format('(%.17g', now - grace), string.format('(%.17g', place)
+  local awake = redis.call('ZCOUNT', KEYS[5], since, upto)
+  awake = awake > redis.call('ZCOUNT', KEYS[6], since, upto)
+  if wait > longest or (wait > ahead_ms and (#due > 0 or awake)) then break end
   redis.call('ZREM', KEYS[6], holder)
-  due[#due + 1] = holder
-  due[#due + 1] = tostring(math.ceil(wait))
+  due[#due + 1], due[#due + 2] = holder, tostring(math.ceil(wait))
 end
 return due
 """
@@ -431,7 +435,7 @@ class RedisLimiter:
             *_limits(limit),
             _ms(longest_s),
             _ms(WAKE_AHEAD_S),
-            _ms(SLOT_POLL_S),
+            _ms(AWAKE_GRACE_S),
             _ms(PLACE_KEPT_S),
             NEXT_DUE_MOST,
         ]

@@ -359,3 +359,23 @@ def test_a_redis_flush_resets_the_limits_and_loses_no_deferred_thread(
         assert [row.state for row in store.inbox(ids[1])] == [InboxState.DONE]
     finally:
         store.close()
+
+
+def test_the_next_shared_parked_thread_is_left_parked_while_one_awake_ahead_will_wake_it(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    """Issue 35: each admitted call woke the next parked thread however far its turn, so
+    the whole queue was woken ahead and a 429 put each one behind its turn. Past the
+    window, the next is woken only when no holder awake ahead of it will ask first."""
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=20, reserve=0.0)  # a call each 3 s: every turn past the window
+
+    def ask(holder: str) -> float:
+        return limiter.acquire("b", limit, Ask(10, holder, 30, False, "a", holder=holder, line="l"))
+
+    assert ask("t0") == 0
+    assert 2.9 < ask("t1") <= 3.0  # refused: awake, at its place
+    assert limiter.place("l", "p0") is not None
+    assert limiter.next_due("b", limit, 60.0) == []  # t1 will ask first, and wake p0
+    redis_server.zrem(f"{prefix}:limit:b:places", "t1")  # nobody awake ahead: p0 is next
+    assert [holder for holder, _ in limiter.next_due("b", limit, 60.0)] == ["p0"]
