@@ -101,8 +101,9 @@ short, because every waiting turn holds back later user text and background work
 
 WAKE_AHEAD_S = 2.0
 """An admitted ask wakes the parked holders whose turns come within this long (and the next
-one in any case): enough that a hand-off's latency (publish, start, load) never makes a
-turn late at any rate, and few countdowns held by a worker (three at 100 RPM)."""
+unless one awake ahead will, ``AWAKE_GRACE_S``): enough that a hand-off's latency
+(publish, start, load) never makes a turn late at any rate, and few countdowns held by a
+worker (three at 100 RPM)."""
 NEXT_DUE_MOST = 64
 """The most parked holders one ``next_due`` wakes."""
 AWAKE_GRACE_S = 5.0
