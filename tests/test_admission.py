@@ -19,7 +19,7 @@ from dormant.models import OpenAIModel, RateLimit, ScriptedModel, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.rate_limit import ProviderLimits, provider_limits
 from dormant.runtime.admission import PARKED_LAG, PLACE_BACKSTOP_S, limit_for
-from dormant.runtime.limiter import Ask, MemoryLimiter
+from dormant.runtime.limiter import AWAKE_GRACE_S, Ask, MemoryLimiter
 from dormant.runtime.slice import Deferred, Idle
 from dormant.runtime.sweeper import sweep_once
 from dormant.stores.base import InboxState, NewThread, Priority, Store, ThreadStatus
@@ -210,8 +210,46 @@ def test_the_provider_drains_the_bucket_and_a_429_blocks_it() -> None:
     assert limiter.acquire("b", limit, _ask(interactive=True)) == 0
     limiter.feedback("b", limit, ProviderLimits(retry_after_s=30))
     assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(30)
-    clock.now_s += 30  # empty at the provider's time: no burst, one request per 0.6 s
+    # issue 35: at the provider's time the refused request passes (the bucket used to be
+    # empty then, and user text waited a request more); then no burst, one per 0.6 s
+    clock.now_s += 30
+    assert limiter.acquire("b", limit, _ask(interactive=True)) == 0
     assert limiter.acquire("b", limit, _ask(interactive=True)) == pytest.approx(0.6)
+
+
+def test_a_429_empties_only_the_limit_the_provider_said_was_spent() -> None:
+    """Issue 35: a 429 for requests said tokens remained (``x-ratelimit-remaining-tokens``);
+    the token level used to be emptied too, and user text then waited for a whole
+    estimate's refill (0.8 s at 40,000 TPM) after the provider's Retry-After."""
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(rpm=100, tpm=40_000)
+    said = ProviderLimits(retry_after_s=0.3, requests_remaining=0, tokens_remaining=600)
+    limiter.feedback("b", limit, said)
+    assert limiter.acquire("b", limit, _ask(tokens=550, interactive=True)) == pytest.approx(0.3)
+    clock.now_s += 0.3
+    assert limiter.acquire("b", limit, _ask(tokens=550, interactive=True)) == 0
+
+
+def test_user_text_refused_together_is_told_distinct_turns_and_goes_before_background() -> None:
+    """Issue 35: five user texts at once against a provider whose bucket holds 1.7
+    requests. Refused together after its 429, they were all told the same wait, came back
+    together, and all but one were refused again: each round a slice task and a hand-off
+    later. Each is now told its own turn, a request apart, and is admitted there; background
+    work waits until every user text waiting its turn has gone."""
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(rpm=100)
+    limiter.feedback("b", limit, ProviderLimits(retry_after_s=0.3, requests_remaining=0))
+    users = [Ask(10, f"s{n}", 30.0, True, "a", holder=f"user{n}") for n in range(4)]
+    turns = [limiter.acquire("b", limit, ask) for ask in users]
+    assert turns == pytest.approx([0.3, 0.9, 1.5, 2.1])
+    started_s = clock.now_s
+    background = Ask(10, "bg", 30.0, False, "f", holder="bg")
+    for ask, turn_s in zip(users, turns, strict=True):
+        clock.now_s = started_s + turn_s
+        assert limiter.acquire("b", limit, background) > 0  # user text first
+        assert limiter.acquire("b", limit, ask) == 0
 
 
 def test_openai_and_anthropic_rate_limit_headers_are_read() -> None:
@@ -387,8 +425,9 @@ def test_a_429_with_retry_after_defers_the_thread_without_sleeping(store: Store)
     assert isinstance(outcome, Deferred) and outcome.wait_s == pytest.approx(30)
     assert slept == [] and model.calls == 1
     assert store.thread(thread_id).failures == 0
-    # the bucket is drained for everyone until the provider's time, and refills only then:
-    # background work is told the refill too (a request and the 5 left to user text)
+    # the bucket is blocked for everyone until the provider's time, when it holds the one
+    # request the provider takes, and refills only then: background work is told the
+    # refill too (the 5 left to user text, and the user text waiting its turn)
     assert limiter.acquire("scripted", RateLimit(rpm=100), _ask()) == pytest.approx(30 + 3.6)
     clock.now_s += 31  # refilled from the provider's time on: one request after 0.6 s
     model.limited = False
@@ -396,6 +435,21 @@ def test_a_429_with_retry_after_defers_the_thread_without_sleeping(store: Store)
     assert slept == []
     assert [s.item.text for s in store.history(thread_id)[1:]] == ["finally"]  # type: ignore[union-attr]
     assert limiter.counters()["rate_limited"] == 1
+
+
+def test_a_background_call_answered_429_is_told_its_place_at_once(store: Store) -> None:
+    """Issue 35: a 429 deferred its thread to the provider's Retry-After, when every thread
+    the block refused came back at once and was refused again (the bucket refills only
+    from then). The call now asks again at once, and is told its place."""
+    model = _TooManyRequests()
+    h = Harness(Agent("a", model=model), store=store)
+    clock = Clock()
+    _limited(h, RateLimit(rpm=100), clock)
+    thread_id = _launch(h, "job", Priority.BACKGROUND)
+    outcome = h.step(thread_id)
+    # blocked 30 s, then the refill of the 5 requests left to user text and its own
+    assert isinstance(outcome, Deferred) and outcome.wait_s == pytest.approx(30 + 3.0)
+    assert model.calls == 1
 
 
 def test_a_429_without_retry_after_defers_for_a_second() -> None:
@@ -663,8 +717,10 @@ def test_a_launch_takes_a_place_without_a_slice_only_while_its_line_queues() -> 
     assert ask("t1") == 0  # t1 at its place: admitted, it wakes the next within 2 s
     woken = limiter.next_due("b", limit, 60.0)
     assert woken == [("p0", pytest.approx(1.0)), ("p1", pytest.approx(2.0))]
-    assert limiter.next_due("b", limit, 60.0) == [("p2", pytest.approx(3.0))]  # the next
-    assert limiter.next_due("b", limit, 60.0) == []
+    assert limiter.next_due("b", limit, 60.0) == []  # p0 and p1, awake, will wake p2
+    clock.now_s += 1.0
+    assert ask("p0") == 0  # at its turn: p2's comes within 2 s
+    assert limiter.next_due("b", limit, 60.0) == [("p2", pytest.approx(2.0))]
 
 
 def test_a_launch_is_not_parked_when_no_one_ahead_would_wake_it() -> None:
@@ -817,3 +873,31 @@ def test_an_admitted_ask_wakes_no_more_parked_threads_than_free_concurrency_slot
     assert limiter.next_due("b", limit, 60.0) == []
     limiter.release("b", limit, "t0")
     assert [holder for holder, _ in limiter.next_due("b", limit, 60.0)] == ["p0"]
+
+
+def test_the_next_parked_thread_is_left_parked_while_one_awake_ahead_will_wake_it() -> None:
+    """Issue 35, ``make bench``'s small burst: every admitted call, and every call's end,
+    woke the next parked thread "in any case", however far its turn, so at 300 RPM the
+    whole queue was woken ahead (each holding a countdown to its turn); a 429 then put every
+    one of them behind its turn, a refused slice each (36 of 61 deferrals). Now the next is
+    woken past the window only when no holder awake ahead of it (woken, or deferred to its
+    place) will ask first and wake it."""
+    clock = Clock()
+    limiter = MemoryLimiter(clock)
+    limit = RateLimit(rpm=20, reserve=0.0)  # a call each 3 s: every turn past the window
+
+    def ask(holder: str) -> float:
+        return limiter.acquire("b", limit, Ask(10, holder, 30, False, "a", holder=holder, line="l"))
+
+    assert ask("t0") == 0
+    assert ask("t1") == pytest.approx(3.0)  # refused: awake, at its place
+    assert limiter.place("l", "p0") == pytest.approx(6.0)
+    assert limiter.place("l", "p1") == pytest.approx(9.0)
+    for _ in range(3):  # t1 will ask before p0 and wake it: nobody is woken yet
+        assert limiter.next_due("b", limit, 60.0) == []
+    clock.now_s += 3.0
+    assert ask("t1") == 0
+    assert limiter.next_due("b", limit, 60.0) == [("p0", pytest.approx(3.0))]
+    assert limiter.next_due("b", limit, 60.0) == []  # p0, awake, will wake p1
+    clock.now_s += 3.0 + AWAKE_GRACE_S + 1  # p0 never asked: presumed lost, p1 is woken
+    assert [holder for holder, _ in limiter.next_due("b", limit, 60.0)] == ["p1"]

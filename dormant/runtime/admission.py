@@ -7,11 +7,13 @@ instead of sleeping in the worker slot: the slice ends without consuming anythin
 thread's "not before" time is set (``defer``: the failure backoff's ``retry_at``, no failure
 counted) and it is woken at its place (a Celery worker retries the slice then, for a short
 wait; the sweeper otherwise). A 429's ``Retry-After`` and rate-limit headers drain the
-shared bucket until their reset; a completion's usage corrects the token estimate. A
-successful answer's ``remaining``/``reset`` headers are not fed back: they were read when
-its stream began, seconds stale by its end, and a provider that enforces its minute over a
-second says "none remaining" after nearly every call, which would hold the bucket far
-below the rate it was configured with while the provider answers every call. Other
+shared bucket until their reset, and the call asks again at once: refused, it is told its
+turn (user text among the user text refused before it, background its place), not the
+block's end with every thread the block refused. A completion's usage corrects the token
+estimate. A successful answer's ``remaining``/``reset`` headers are not fed back: they were
+read when its stream began, seconds stale by its end, and a provider that enforces its
+minute over a second says "none remaining" after nearly every call, which would hold the
+bucket far below the rate it was configured with while the provider answers every call. Other
 retryable failures (a 5xx, a dropped stream) are retried in the slot as before, each retry
 admitted again.
 
@@ -175,6 +177,7 @@ def complete_admitted(
         )
     bucket, limit = found
     estimate = estimate_tokens(request, limit)
+    told = False
     for attempt in range(1, settings.model_attempts + 1):
         slot = uuid.uuid4().hex
         ask = Ask(
@@ -209,6 +212,9 @@ def complete_admitted(
             if said:
                 limiter.feedback(bucket, limit, said)
             _wake_next(deps, limiter, bucket, limit)  # its slot is free again
+            if error.status == 429 and not told and attempt < settings.model_attempts:
+                told = True  # asks again once: refused until the block ends, told its turn
+                continue
             if error.status == 429:
                 wait_s = said.retry_after_s or THROTTLED_S
                 raise Throttled(caller.thread_id, bucket, wait_s) from error

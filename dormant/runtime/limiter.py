@@ -27,8 +27,18 @@ the reserve), every due holder used to come back each time the pace refilled by 
 and all but one were refused again (issue 35: about ten slice tasks a thread). Token
 places are spaced by the tokens calls have been using (a running mean of the completions'
 usage), not by the upper-bound estimate each call is admitted with. User text gets no place
-in a queue: refused (its reserve spent), it waits only until the bucket can take it, ahead
-of every background place.
+in a flow's queue: refused (its reserve spent), it is told its **turn** among the user text
+refused before it (spaced at the full rate, ``turns``), ahead of every background place;
+while user text waits for its turn, background asks count it ahead of them, so background
+never goes first. Refused together, five user texts used to be told the same wait, came
+back together, and all but one were refused again (issue 35: user text's first token at
+1.5 to 2 s where the provider allowed about 1.1 s).
+
+A 429's ``Retry-After`` says when the refused call passes: the bucket is blocked until
+then and holds, then, that one request (not none: user text waited a request more than
+the provider asked), and the limits the provider said still have room (its
+``x-ratelimit-remaining-*``) are not emptied; the background pace is emptied, so
+background waits for its refill after the block and user text goes first.
 
 A thread need not run a slice to get its place (issue 35: a refused slice was a task that
 called no model, about one per thread of a burst). A refused background ask records its
@@ -54,6 +64,7 @@ from typing import Protocol
 from dormant.rate_limit import ProviderLimits, RateLimit
 
 __all__ = [
+    "AWAKE_GRACE_S",
     "CONCURRENCY_SPACING_S",
     "COUNTERS",
     "NEXT_DUE_MOST",
@@ -61,6 +72,7 @@ __all__ = [
     "PLACE_KEPT_S",
     "SLOT_POLL_S",
     "THROTTLED_S",
+    "TURN_KEPT_S",
     "USAGE_WEIGHT",
     "WAKE_AHEAD_S",
     "Ask",
@@ -83,13 +95,23 @@ USAGE_WEIGHT = 0.2
 """How much each completion's usage moves the running mean that spaces token places."""
 THROTTLED_S = 1.0
 """How long a 429 without ``Retry-After`` or reset headers drains the bucket."""
+TURN_KEPT_S = 5.0
+"""A user text's turn not claimed this long after its time is forgotten (its thread was
+answered by another slice, or its worker died and the sweeper wakes it as a newcomer):
+short, because every waiting turn holds back later user text and background work."""
 
 WAKE_AHEAD_S = 2.0
 """An admitted ask wakes the parked holders whose turns come within this long (and the next
-one in any case): enough that a hand-off's latency (publish, start, load) never makes a
-turn late at any rate, and few countdowns held by a worker (three at 100 RPM)."""
+unless one awake ahead will, ``AWAKE_GRACE_S``): enough that a hand-off's latency
+(publish, start, load) never makes a turn late at any rate, and few countdowns held by a
+worker (three at 100 RPM)."""
 NEXT_DUE_MOST = 64
 """The most parked holders one ``next_due`` wakes."""
+AWAKE_GRACE_S = 5.0
+"""A holder not parked (woken, or deferred to its place) is awake until this long after
+its place: it will ask and wake the next, so the next parked one, its turn further than
+``WAKE_AHEAD_S``, is left parked. Past it, the holder is presumed lost (its worker died,
+user text answered it) and the next is woken anyway, so the chain never stalls on it."""
 
 COUNTERS = ("admitted", "refused", "deferred", "parked", "rate_limited", "asleep_s")
 """What a limiter counts: asks admitted and refused, slices that ended for want of capacity
@@ -145,10 +167,11 @@ class Limiter(Protocol):
         ...
 
     def feedback(self, bucket: str, limit: RateLimit, said: ProviderLimits) -> None:
-        """What the provider said. A ``retry-after`` (a 429) empties the bucket and starts
-        refilling it only then, so the calls that follow come at the bucket's rate instead
-        of in a burst the provider refuses again; ``remaining`` caps the bucket (its reset,
-        when the limit is full again, is no wait)."""
+        """What the provider said. A ``retry-after`` (a 429) blocks the bucket until then,
+        when it holds the one request the provider will take (a limit it said has room is
+        left alone) and refills from there, so the calls that follow come at the bucket's
+        rate instead of in a burst the provider refuses again; otherwise ``remaining``
+        caps the bucket (its reset, when the limit is full again, is no wait)."""
         ...
 
     def place(self, line: str, holder: str) -> float | None:
@@ -160,9 +183,10 @@ class Limiter(Protocol):
 
     def next_due(self, bucket: str, limit: RateLimit, longest_s: float) -> list[tuple[str, float]]:
         """What an admitted ask, or a call's end, wakes: the parked holders of ``bucket``
-        whose turns come within ``WAKE_AHEAD_S``, and the first in any case, none further
-        than ``longest_s`` and no more than the concurrency slots free (a slot given back
-        asks again); each with the seconds until its turn, and parked no longer."""
+        whose turns come within ``WAKE_AHEAD_S``, and the first one unless a holder awake
+        ahead of it will ask first (``AWAKE_GRACE_S``), none further than ``longest_s``
+        and no more than the concurrency slots free (a slot given back asks again); each
+        with the seconds until its turn, and parked no longer."""
         ...
 
     def count(self, counter: str, amount: float = 1.0) -> None:
@@ -189,6 +213,10 @@ class _Bucket:
     """Holder to the time of its place: its reservation."""
     parked: dict[str, float] = field(default_factory=dict)
     """The places nobody wakes yet (``place``), holder to its time."""
+    turns: dict[str, float] = field(default_factory=dict)
+    """Refused user text (interactive holders) to the time of its turn."""
+    turns_tail: float = 0.0
+    """When the last turn given to user text ends."""
     used_tokens: float = 0.0
     """Running mean of the tokens a call used (0: none seen yet)."""
 
@@ -221,16 +249,24 @@ class MemoryLimiter:
             now = self._clock()
             state = self._refilled(bucket, limit, now)
             background = bool(ask.holder) and not ask.interactive
-            place = state.places.get(ask.holder) if background else None
+            user = bool(ask.holder) and ask.interactive
+            # a background holder's place, or user text's turn
+            held = state.places if background else state.turns if user else {}
+            place = held.get(ask.holder)
             state.parked.pop(ask.holder, None)  # it asks: whoever runs it wakes it now
             if place is not None and place - now > PLACE_EARLY_S:  # early: keep the place
                 self._counters["refused"] += 1
                 return place - now
             before = now + PLACE_EARLY_S if place is None else place
-            ahead = 0 if ask.interactive else sum(p < before for p in state.places.values())
+            if ask.interactive:  # after the user text told a turn before it, no one else
+                turns = state.turns.values()
+                ahead = len(state.turns) if place is None else sum(t < before for t in turns)
+            else:  # after the places due before it, and every user text waiting its turn
+                ahead = sum(p < before for p in state.places.values()) + len(state.turns)
             wait_s = _wait_s(state, limit, ask, now, ahead)
             if wait_s < 0.001:  # as Redis answers: in whole milliseconds
                 state.places.pop(ask.holder, None)
+                state.turns.pop(ask.holder, None)
                 if limit.rpm:
                     state.requests -= 1
                 if limit.tpm:
@@ -246,6 +282,11 @@ class MemoryLimiter:
                 wait_s = _queued_wait_s(state, limit, ask, now, wait_s)
                 if background:
                     state.places[ask.holder] = now + wait_s
+            elif place is None and user:  # its turn: after the user text refused before it
+                start = max(now + wait_s, state.turns_tail)
+                state.turns_tail = start + _spacing_s(limit, ask.tokens, state.used_tokens)
+                state.turns[ask.holder] = start
+                wait_s = start - now
             if background and ask.line:
                 until_s = now + wait_s + PLACE_KEPT_S
                 found = _Line(bucket, limit, ask.tokens, ask.flow, ask.weight, until_s)
@@ -267,7 +308,7 @@ class MemoryLimiter:
                 return None  # no one ahead will be admitted to wake it
             ask = Ask(found.tokens, "", 0.0, False, found.flow, found.weight, holder, line)
             ahead = sum(p < now + PLACE_EARLY_S for p in state.places.values())
-            wait_s = _wait_s(state, found.limit, ask, now, ahead)
+            wait_s = _wait_s(state, found.limit, ask, now, ahead + len(state.turns))
             if wait_s < 0.001 and state.tails.get(found.flow, 0.0) <= now:
                 return None  # no queue: it would be admitted now
             wait_s = max(0.001, _queued_wait_s(state, found.limit, ask, now, wait_s))
@@ -288,12 +329,18 @@ class MemoryLimiter:
                 most = min(most, usable - len(state.slots))
                 limit = replace(limit, concurrency=None)
             due: list[tuple[str, float]] = []
+
+            def awake(place: float) -> bool:  # someone ahead will ask, and wake the next
+                since = now - AWAKE_GRACE_S
+                found = state.places.items()
+                return any(since < p < place and h not in state.parked for h, p in found)
+
             for holder, place in sorted(state.parked.items(), key=lambda kv: kv[1]):
                 if len(due) >= most:
                     break
-                ahead = sum(p < place for p in state.places.values())
+                ahead = sum(p < place for p in state.places.values()) + len(state.turns)
                 wait_s = max(place - now, _wait_s(state, limit, ask, now, ahead), 0.0)
-                if (due and wait_s > WAKE_AHEAD_S) or wait_s > longest_s:
+                if wait_s > longest_s or (wait_s > WAKE_AHEAD_S and (due or awake(place))):
                     break
                 due.append((holder, wait_s))
             for holder, _ in due:
@@ -330,13 +377,18 @@ class MemoryLimiter:
         with self._lock:
             now = self._clock()
             state = self._refilled(bucket, limit, now)
-            if said.retry_after_s is not None:  # a 429: empty, refilled from its time on
+            if said.retry_after_s is not None:  # a 429: blocked, refilled from its time on
                 state.blocked_until_s = max(state.blocked_until_s, now + said.retry_after_s)
-                state.requests = min(state.requests, 0.0)
-                state.tokens = min(state.tokens, 0.0)
+                # at its Retry-After the refused request passes: one request then, not none;
+                # a limit the provider said has room was not what refused it
+                if limit.rpm and not _has_room(said.requests_remaining):
+                    state.requests = min(limit.rpm, 1.0)
+                if not _has_room(said.tokens_remaining):
+                    state.tokens = min(state.tokens, 0.0)
                 state.paced_requests = min(state.paced_requests, 0.0)
                 state.paced_tokens = min(state.paced_tokens, 0.0)
                 state.at_s = max(state.at_s, state.blocked_until_s)
+                return  # what remains now is no cap at the Retry-After, when it has refilled
             # "remaining" caps the bucket, which then refills at its rate. The reset is not
             # a wait: OpenAI's and Anthropic's both say when the limit is *fully*
             # replenished, and a provider that counts a 60 s window says a minute after
@@ -381,6 +433,7 @@ class MemoryLimiter:
         state.parked = {
             holder: place for holder, place in state.parked.items() if holder in state.places
         }
+        state.turns = {holder: at for holder, at in state.turns.items() if at > now - TURN_KEPT_S}
         return state
 
 
@@ -389,9 +442,9 @@ def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, ahead: int) 
     the longest of their waits."""
     share = 0.0 if ask.interactive else limit.reserve
     wait_s = max(0.0, state.blocked_until_s - now)
-    # After a 429 the levels refill only from the provider's time: a background ask is told
-    # that much more, so the threads it blocked come back in their turns, not all at once.
-    refill_s = 0.0 if ask.interactive else max(0.0, state.at_s - now)
+    # After a 429 the levels refill only from the provider's time: every ask is told that
+    # much more, so the threads it blocked come back in their turns, not all at once.
+    refill_s = max(0.0, state.at_s - now)
     if limit.rpm:
         need = min(limit.rpm, 1 + math.ceil(limit.rpm * share) + ahead)
         if state.requests < need:
@@ -415,6 +468,11 @@ def _wait_s(state: _Bucket, limit: RateLimit, ask: Ask, now: float, ahead: int) 
         if len(state.slots) >= usable:
             wait_s = max(wait_s, min(SLOT_POLL_S, min(state.slots.values()) - now))
     return wait_s
+
+
+def _has_room(remaining: float | None) -> bool:
+    """Whether a 429 said a limit still had room (a request, a token): not what refused it."""
+    return remaining is not None and remaining >= 1
 
 
 def _spaced_tokens(tokens: int, used_tokens: float) -> float:

@@ -1,15 +1,14 @@
 """``RedisLimiter``: the ``Limiter`` every worker shares, one atomic Lua script per step.
 
-Each bucket is three keys under the deployment's prefix: ``{prefix}:limit:{bucket}`` (a
-hash: request and token levels, when they were last refilled, until when the provider
-said to stop), ``...:slots`` (a sorted set of concurrency slots scored by their lease's
-expiry: a worker that dies holding one gives it back when the score passes) and
-``...:tails`` (each flow's queue end, see ``runtime/limiter.py``), ``...:places`` (each
-holder's reserved place, scored by its time) and ``...:parked`` (the places nobody wakes
-yet). A line (an agent and flow) that queues records where in ``{prefix}:line:{line}`` (a
-hash: the bucket, its limits, a call's tokens, the flow and its weight), which a client
-reads to park a launch. Time is Redis's own (``TIME``), so workers' clocks never disagree.
-Every key expires on its own once idle.
+Each bucket is keys under the deployment's prefix: ``{prefix}:limit:{bucket}`` (a hash:
+levels, when refilled, until when the provider said to stop), ``...:slots`` (concurrency
+slots scored by their lease's expiry: a worker that dies holding one gives it back when
+the score passes), ``...:tails`` (each flow's queue end, see ``runtime/limiter.py``),
+``...:places`` (each holder's place, scored by its time), ``...:parked`` (the places nobody
+wakes yet) and ``...:turns`` (refused user text's turns). A line (an agent and flow) that
+queues records where in ``{prefix}:line:{line}`` (the bucket, its limits, a call's tokens,
+the flow and its weight), which a client reads to park a launch. Time is Redis's own
+(``TIME``), so workers' clocks never disagree. Every key expires on its own once idle.
 
 All of it may be lost: a flushed Redis starts every bucket full with no slot held (the
 limits reset for a minute), and SQL still holds every deferred thread's messages and its
@@ -25,12 +24,14 @@ import redis
 
 from dormant.rate_limit import ProviderLimits, RateLimit
 from dormant.runtime.limiter import (
+    AWAKE_GRACE_S,
     CONCURRENCY_SPACING_S,
     COUNTERS,
     NEXT_DUE_MOST,
     PLACE_EARLY_S,
     PLACE_KEPT_S,
     SLOT_POLL_S,
+    TURN_KEPT_S,
     USAGE_WEIGHT,
     WAKE_AHEAD_S,
     Ask,
@@ -42,17 +43,20 @@ log = logging.getLogger("dormant.admission")
 
 # KEYS[1] the bucket's hash, KEYS[2] its slots, KEYS[3] its flows' tails, KEYS[4] the
 # counters, KEYS[5] its holders' places, KEYS[6] the places parked, KEYS[7] a line's record
-# (or the bucket's hash again: unused); ARGV[1..6] rpm, tpm, concurrency (0: unlimited),
-# the reserve share, and the most requests and tokens the background pace holds
-# (``RateLimit.paced_requests``/``paced_tokens``: one formula, in Python). The pace
-# (``pr``, ``pt``) refills at ``1 - reserve`` of each rate.
-_REFILL = """
+# (or the bucket's hash again: unused), KEYS[8] user text's turns; ARGV[1..6] rpm, tpm,
+# concurrency (0: unlimited), the reserve share, and the most requests and tokens the
+# background pace holds (``RateLimit.paced_requests``/``paced_tokens``: one formula, in
+# Python). The pace (``pr``, ``pt``) refills at ``1 - reserve`` of each rate; ``utail`` is
+# when the last turn given to user text ends.
+_REFILL = (
+    f"local turn_kept = {round(TURN_KEPT_S * 1000)}\n"
+    + """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + tonumber(clock[2]) / 1000
 local rpm, tpm = tonumber(ARGV[1]), tonumber(ARGV[2])
 local conc, reserve = tonumber(ARGV[3]), tonumber(ARGV[4])
 local prcap, ptcap = tonumber(ARGV[5]), tonumber(ARGV[6])
-local state = redis.call('HMGET', KEYS[1], 'r', 't', 'at', 'blocked', 'used', 'pr', 'pt')
+local state = redis.call('HMGET', KEYS[1], 'r', 't', 'at', 'blocked', 'used', 'pr', 'pt', 'ut')
 local r = tonumber(state[1]) or rpm
 local tk = tonumber(state[2]) or tpm
 local at = tonumber(state[3]) or now
@@ -60,6 +64,7 @@ local blocked = tonumber(state[4]) or 0
 local used = tonumber(state[5]) or 0
 local pr = tonumber(state[6]) or prcap
 local pt = tonumber(state[7]) or ptcap
+local utail = tonumber(state[8]) or 0
 if now > at then
   local paced = (now - at) * (1 - reserve)
   if rpm > 0 then
@@ -76,12 +81,13 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now)
 local function save()
   redis.call('HSET', KEYS[1], 'r', tostring(r), 't', tostring(tk), 'at', tostring(at),
     'blocked', tostring(blocked), 'used', tostring(used), 'pr', tostring(pr),
-    'pt', tostring(pt))
+    'pt', tostring(pt), 'ut', tostring(utail))
   redis.call('PEXPIRE', KEYS[1], math.ceil(math.max(120000, blocked - now + 60000)))
 end
-local function forget(kept)  -- places not claimed this long after their time
+local function forget(kept)  -- places (and user text's turns) not claimed in time
   redis.call('ZREMRANGEBYSCORE', KEYS[5], '-inf', now - kept)
   redis.call('ZREMRANGEBYSCORE', KEYS[6], '-inf', now - kept)
+  redis.call('ZREMRANGEBYSCORE', KEYS[8], '-inf', now - turn_kept)
 end
 -- the wait (ms) before every limit admits an ask of `tokens` (`spaced` as places and the
 -- pace count them) after the `ahead` places due before it
@@ -89,9 +95,8 @@ local function wait_for(tokens, spaced, interactive, ahead, poll)
   local share = reserve
   if interactive then share = 0 end
   local wait = math.max(0, blocked - now)
-  -- after a 429 the levels refill only from the provider's time: background is told that too
-  local refill = 0
-  if not interactive then refill = math.max(0, at - now) end
+  -- after a 429 the levels refill only from the provider's time: every ask is told that too
+  local refill = math.max(0, at - now)
   local paced = math.min(spaced, ptcap)  -- a call's tokens as the pace counts them
   if rpm > 0 then
     local need = math.min(rpm, 1 + math.ceil(rpm * share) + ahead)
@@ -118,6 +123,14 @@ local function wait_for(tokens, spaced, interactive, ahead, poll)
   end
   return wait
 end
+-- the time (ms) the bucket takes to afford one more call at the full rate
+local function spacing_of(spaced, conc_spacing)
+  local spacing = 0
+  if rpm > 0 then spacing = 60000 / rpm end
+  if tpm > 0 then spacing = math.max(spacing, spaced * 60000 / tpm) end
+  if spacing == 0 and conc > 0 then spacing = conc_spacing / conc end
+  return spacing
+end
 -- a place in the flow's queue: after its last place, spaced by the rate times the flows
 -- waiting over its weight; returns its start
 local function enqueue(flow, weight, spaced, wait, conc_spacing)
@@ -125,11 +138,8 @@ local function enqueue(flow, weight, spaced, wait, conc_spacing)
   local tail = redis.call('ZSCORE', KEYS[3], flow)
   local waiting = redis.call('ZCARD', KEYS[3])
   if tail then tail = tonumber(tail) else tail = 0; waiting = waiting + 1 end
-  local spacing = 0
-  if rpm > 0 then spacing = 60000 / rpm end
-  if tpm > 0 then spacing = math.max(spacing, spaced * 60000 / tpm) end
-  if spacing == 0 and conc > 0 then spacing = conc_spacing / conc end
-  spacing = spacing / (1 - reserve)  -- background is paced at 1 - reserve of the rate
+  -- background is paced at 1 - reserve of the rate
+  local spacing = spacing_of(spaced, conc_spacing) / (1 - reserve)
   local start = math.max(now + wait, tail)
   local finish = start + spacing * waiting / weight
   redis.call('ZADD', KEYS[3], finish, flow)
@@ -142,6 +152,7 @@ local function hold(key, holder, start, kept)  -- a place kept in a sorted set
   if redis.call('PTTL', key) < ttl then redis.call('PEXPIRE', key, ttl) end
 end
 """
+)
 
 # ARGV[7..] the estimated tokens, the slot id, its ttl in ms, 1 if interactive, the flow,
 # its weight, the slot poll and the concurrency spacing in ms, the holder, how early it may
@@ -158,9 +169,12 @@ local line, bucket = ARGV[18], ARGV[19]
 forget(kept)
 local place = nil
 local background = holder ~= '' and not interactive
+local user = holder ~= '' and interactive
 if background then
   place = tonumber(redis.call('ZSCORE', KEYS[5], holder))
   redis.call('ZREM', KEYS[6], holder)  -- it asks: whoever runs it wakes it from now on
+elseif user then  -- user text's turn
+  place = tonumber(redis.call('ZSCORE', KEYS[8], holder))
 end
 if place and place - now > early then  -- early: it keeps its place
   redis.call('HINCRBY', KEYS[4], 'refused', 1)
@@ -168,12 +182,14 @@ if place and place - now > early then  -- early: it keeps its place
 end
 local spaced = tokens
 if used > 0 then spaced = math.min(tokens, used) end
--- the places due before this ask (before its own place, or by now): it pays after them
-local ahead = 0
-if not interactive then
-  local before = now + early
-  if place then before = place end
-  ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', before))
+-- the places due before this ask (before its own place, or by now): it pays after them;
+-- user text after the user text told a turn before it, background after every one waiting
+local before = now + early
+if place then before = place end
+local until_before = '(' .. string.format('%.17g', before)
+local ahead = redis.call('ZCARD', KEYS[8])
+if interactive and place then ahead = redis.call('ZCOUNT', KEYS[8], '-inf', until_before)
+elseif not interactive then ahead = ahead + redis.call('ZCOUNT', KEYS[5], '-inf', until_before)
 end
 local wait = wait_for(tokens, spaced, interactive, ahead, poll)
 if wait < 1 then  -- under a millisecond: admitted (the answer is in whole ms)
@@ -184,7 +200,9 @@ if wait < 1 then  -- under a millisecond: admitted (the answer is in whole ms)
     redis.call('ZADD', KEYS[2], now + ttl, slot)
     redis.call('PEXPIRE', KEYS[2], math.ceil(ttl + 60000))
   end
-  if holder ~= '' then redis.call('ZREM', KEYS[5], holder); redis.call('ZREM', KEYS[6], holder) end
+  if holder ~= '' then  -- its place, or its turn, is taken
+    for _, key in ipairs({KEYS[5], KEYS[6], KEYS[8]}) do redis.call('ZREM', key, holder) end
+  end
   save()
   redis.call('HINCRBY', KEYS[4], 'admitted', 1)
   return 0
@@ -193,6 +211,11 @@ if not place and not interactive then
   local start = enqueue(flow, weight, spaced, wait, conc_spacing)
   wait = start - now
   if holder ~= '' then hold(KEYS[5], holder, start, kept) end
+elseif not place and user then  -- its turn: after the user text refused before it
+  local start = math.max(now + wait, utail)
+  utail = start + spacing_of(spaced, conc_spacing)
+  hold(KEYS[8], holder, start, turn_kept)
+  wait = start - now
 end
 if background and line ~= '' then  -- where launches of its line now queue (Limiter.place)
   redis.call('HSET', KEYS[7], 'bucket', bucket, 'rpm', ARGV[1], 'tpm', ARGV[2],
@@ -223,6 +246,7 @@ if redis.call('ZCARD', KEYS[5]) <= redis.call('ZCARD', KEYS[6]) then return 0 en
 local spaced = tokens
 if used > 0 then spaced = math.min(tokens, used) end
 local ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', now + early))
+ahead = ahead + redis.call('ZCARD', KEYS[8])  -- user text waiting its turn goes first
 local wait = wait_for(tokens, spaced, false, ahead, poll)
 local tail = tonumber(redis.call('ZSCORE', KEYS[3], flow))
 if wait < 1 and (not tail or tail <= now) then return 0 end  -- no queue: admitted now
@@ -237,13 +261,13 @@ return math.max(1, math.ceil(start - now))
 """
 )
 
-# ARGV[7..] the longest wait to wake (ms), how far ahead to wake (ms), the slot poll
-# (unused: free slots bound the count), how long a place is kept (ms), the most to wake.
+# ARGV[7..] the longest wait to wake (ms), how far ahead to wake (ms), how long after its
+# place a holder not parked is awake (ms), how long a place is kept (ms), the most to wake.
 # Returns holder, wait (ms), holder, ...
 _NEXT_DUE = (
     _REFILL
     + """
-local longest, ahead_ms, poll = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
+local longest, ahead_ms, grace = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
 local kept, most = tonumber(ARGV[10]), tonumber(ARGV[11])
 forget(kept)
 if conc > 0 then  -- no more than the free slots: a release wakes the rest
@@ -257,12 +281,16 @@ local due = {}
 for i = 1, #parked, 2 do
   local holder, place = parked[i], tonumber(parked[i + 1])
   local ahead = redis.call('ZCOUNT', KEYS[5], '-inf', '(' .. string.format('%.17g', place))
+  ahead = ahead + redis.call('ZCARD', KEYS[8])  -- user text waiting its turn goes first
   -- a turn's tokens: what calls have been using (unknown before the first answer)
   local wait = math.max(0, place - now, wait_for(used, used, false, ahead, 0))
-  if (#due > 0 and wait > ahead_ms) or wait > longest then break end
+  -- past the window, the first is woken only if no holder awake ahead will ask first
+  local since, upto = string.format('(%.17g', now - grace), string.format('(%.17g', place)
+  local awake = redis.call('ZCOUNT', KEYS[5], since, upto)
+  awake = awake > redis.call('ZCOUNT', KEYS[6], since, upto)
+  if wait > longest or (wait > ahead_ms and (#due > 0 or awake)) then break end
   redis.call('ZREM', KEYS[6], holder)
-  due[#due + 1] = holder
-  due[#due + 1] = tostring(math.ceil(wait))
+  due[#due + 1], due[#due + 2] = holder, tostring(math.ceil(wait))
 end
 return due
 """
@@ -301,22 +329,22 @@ return 1
 _FEEDBACK = (
     _REFILL
     + """
-local function arg(i)
-  if ARGV[i] == '' then return nil end
-  return tonumber(ARGV[i])
-end
-local retry = arg(7)
+local function arg(i) if ARGV[i] ~= '' then return tonumber(ARGV[i]) end end
+local retry, rrem, trem = arg(7), arg(8), arg(10)
 if retry then
+  -- at its Retry-After the refused request passes: one request then; a limit the provider
+  -- said has room was not what refused it; the pace is emptied (background waits)
   blocked = math.max(blocked, now + retry)
-  if rpm > 0 then r, pr = math.min(r, 0), math.min(pr, 0) end
-  if tpm > 0 then tk, pt = math.min(tk, 0), math.min(pt, 0) end
+  if rpm > 0 and (not rrem or rrem < 1) then r = math.min(rpm, 1) end
+  if tpm > 0 and (not trem or trem < 1) then tk = math.min(tk, 0) end
+  pr, pt = math.min(pr, 0), math.min(pt, 0)
   at = math.max(at, blocked)
+else
+  -- "remaining" caps the bucket; its reset (the limit full again) is no wait: see
+  -- MemoryLimiter.feedback
+  if rrem and rpm > 0 then r = math.min(r, rrem) end
+  if trem and tpm > 0 then tk = math.min(tk, trem) end
 end
--- "remaining" caps the bucket; its reset (the limit full again) is no wait: see
--- MemoryLimiter.feedback
-local rrem, trem = arg(8), arg(10)
-if rrem and rpm > 0 then r = math.min(r, rrem) end
-if trem and tpm > 0 then tk = math.min(tk, trem) end
 save()
 return 1
 """
@@ -359,6 +387,7 @@ class RedisLimiter:
             f"{base}:places",
             f"{base}:parked",
             self.line_key(line) if line else base,
+            f"{base}:turns",
         ]
 
     def line_key(self, line: str) -> str:
@@ -418,7 +447,7 @@ class RedisLimiter:
             *_limits(limit),
             _ms(longest_s),
             _ms(WAKE_AHEAD_S),
-            _ms(SLOT_POLL_S),
+            _ms(AWAKE_GRACE_S),
             _ms(PLACE_KEPT_S),
             NEXT_DUE_MOST,
         ]

@@ -138,7 +138,8 @@ def test_the_provider_drains_the_shared_bucket_and_usage_corrects_it(
     limiter.release("b", limit, "big", correction_tokens=9000 - 1000)  # it used 1000
     assert other_worker.acquire("b", limit, Ask(5000, "next", 30, True)) == 0
     limiter.feedback("b", limit, ProviderLimits(retry_after_s=12.0))
-    assert 11.5 < other_worker.acquire("b", limit, _ask("after-429")) <= 12.0
+    # the provider's time, then its 10 tokens' refill (the 429 said no limit had room)
+    assert 11.5 < other_worker.acquire("b", limit, _ask("after-429")) <= 12.06
     limiter.count("rate_limited")
     limiter.count("asleep_s", 2.5)
     counters = other_worker.counters()
@@ -176,8 +177,9 @@ def test_a_place_is_kept_and_paid_in_its_turn(redis_server: redis.Redis, prefix:
     def place_ms(holder: str) -> float:
         return float(redis_server.zscore(places_key, holder))  # type: ignore[arg-type]
 
-    # 7 requests (one, and the 6 left to user text) at 10 a second, then each place one
-    # request later at the pace (99 % of the rate): Redis time, so exact
+    # 7,000 tokens (its 1,000 and the 1 % left to user text: the 429 said no limit had
+    # room, so the tokens are empty too) at 10,000 a second, then each place one request
+    # later at the pace (99 % of the rate): Redis time, so exact
     assert place_ms("h0") - emptied_ms == pytest.approx(700, abs=2)
     assert place_ms("h1") - place_ms("h0") == pytest.approx(100 / 0.99, abs=1)
     assert place_ms("h2") - place_ms("h1") == pytest.approx(100 / 0.99, abs=1)
@@ -203,6 +205,33 @@ def test_a_place_is_kept_and_paid_in_its_turn(redis_server: redis.Redis, prefix:
     for holder, ask in asks.items():
         admitted = functools.partial(limiter.acquire, "b", limit, ask)
         wait_until(lambda: admitted() == 0, 5, f"{holder} in its turn")  # noqa: B023
+
+
+def test_shared_user_text_refused_together_is_told_distinct_turns_before_background(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    """Issue 35: user text refused together after a 429 was told the same wait, came back
+    together, and all but one were refused again. Each now gets its own turn, a request
+    apart after the provider's Retry-After (when the refused request passes), is admitted
+    there, and background work waits for every user text waiting its turn."""
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=600)  # a request each 0.1 s
+    said = ProviderLimits(retry_after_s=0.3, requests_remaining=0, tokens_remaining=600)
+    limiter.feedback("b", limit, said)
+    users = [Ask(10, f"s{n}", 30, True, "a", holder=f"user{n}") for n in range(4)]
+    turns = [limiter.acquire("b", limit, ask) for ask in users]
+    # each read a little later than the one before: a busy machine only shortens them
+    assert all(0.2 < turn_s <= 0.301 + 0.1 * n for n, turn_s in enumerate(turns))
+    told = redis_server.zrange(f"{prefix}:limit:b:turns", 0, -1, withscores=True)
+    assert [holder for holder, _ in told] == [f"user{n}" for n in range(4)]
+    turn_ms = [at_ms for _, at_ms in told]
+    assert all(b - a == pytest.approx(100) for a, b in itertools.pairwise(turn_ms))
+    background = Ask(10, "bg", 30, False, "f", holder="bg")
+    assert limiter.acquire("b", limit, background) > turns[-1]
+    for n, ask in enumerate(users):
+        admitted = functools.partial(limiter.acquire, "b", limit, ask)
+        wait_until(lambda: admitted() == 0, 5, f"user{n} in its turn")  # noqa: B023
+    assert redis_server.zcard(f"{prefix}:limit:b:turns") == 0
 
 
 def test_a_due_holder_refused_by_the_pace_is_told_its_turn_after_those_ahead(
@@ -330,3 +359,23 @@ def test_a_redis_flush_resets_the_limits_and_loses_no_deferred_thread(
         assert [row.state for row in store.inbox(ids[1])] == [InboxState.DONE]
     finally:
         store.close()
+
+
+def test_the_next_shared_parked_thread_is_left_parked_while_one_awake_ahead_will_wake_it(
+    redis_server: redis.Redis, prefix: str
+) -> None:
+    """Issue 35: each admitted call woke the next parked thread however far its turn, so
+    the whole queue was woken ahead and a 429 put each one behind its turn. Past the
+    window, the next is woken only when no holder awake ahead of it will ask first."""
+    limiter = RedisLimiter(redis_server, prefix)
+    limit = RateLimit(rpm=20, reserve=0.0)  # a call each 3 s: every turn past the window
+
+    def ask(holder: str) -> float:
+        return limiter.acquire("b", limit, Ask(10, holder, 30, False, "a", holder=holder, line="l"))
+
+    assert ask("t0") == 0
+    assert 2.9 < ask("t1") <= 3.0  # refused: awake, at its place
+    assert limiter.place("l", "p0") is not None
+    assert limiter.next_due("b", limit, 60.0) == []  # t1 will ask first, and wake p0
+    redis_server.zrem(f"{prefix}:limit:b:places", "t1")  # nobody awake ahead: p0 is next
+    assert [holder for holder, _ in limiter.next_due("b", limit, 60.0)] == ["p0"]
