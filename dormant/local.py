@@ -27,7 +27,7 @@ from dormant.ops.prune import prune
 from dormant.runtime.admission import PLACE_WAKE_EARLY_S, next_deferred
 from dormant.runtime.close import Closing, close_idle_threads
 from dormant.runtime.idle import IdleReport, failed_threads
-from dormant.runtime.limiter import MemoryLimiter
+from dormant.runtime.memory_limiter import MemoryLimiter
 from dormant.runtime.outcomes import Deferred
 from dormant.runtime.slice import SliceDeps, run_slice
 from dormant.runtime.sweeper import sweep_once

@@ -19,7 +19,8 @@ from dormant.models import OpenAIModel, RateLimit, ScriptedModel, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.rate_limit import ProviderLimits, provider_limits
 from dormant.runtime.admission import PARKED_LAG, PLACE_BACKSTOP_S, limit_for
-from dormant.runtime.limiter import AWAKE_GRACE_S, Ask, MemoryLimiter
+from dormant.runtime.limiter import AWAKE_GRACE_S, Ask
+from dormant.runtime.memory_limiter import MemoryLimiter
 from dormant.runtime.slice import Deferred, Idle
 from dormant.runtime.sweeper import sweep_once
 from dormant.stores.base import InboxState, NewThread, Priority, Store, ThreadStatus

@@ -19,7 +19,8 @@ from dormant.models import ScriptedModel, reply
 from dormant.models.base import ChunkSink, Completion, ModelRequest
 from dormant.rate_limit import RateLimit
 from dormant.runtime.lease_keeper import LeaseKeeper
-from dormant.runtime.limiter import Ask, MemoryLimiter
+from dormant.runtime.limiter import Ask
+from dormant.runtime.memory_limiter import MemoryLimiter
 from dormant.runtime.slice import Busy, Idle, SliceOutcome
 from dormant.stores.memory.sync import MemoryLease
 from tests.harness import Harness

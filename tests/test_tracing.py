@@ -21,7 +21,7 @@ from dormant.messages import Item, ToolResult, UserMessage, UserText
 from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.rate_limit import RateLimit
-from dormant.runtime.limiter import MemoryLimiter
+from dormant.runtime.memory_limiter import MemoryLimiter
 from dormant.runtime.slice import Deferred, Idle, Stale
 from dormant.settings import Settings
 from dormant.tracing.carrier import encode, parse
