@@ -7,7 +7,6 @@ rules (sizes, steering, second results, retry-safe launches).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 import uuid
@@ -20,7 +19,6 @@ from dormant.agents import AgentRegistry
 from dormant.approvals import ApprovalMethods
 from dormant.budget import Budget, with_budget
 from dormant.errors import (
-    CallAnswered,
     ControlSignal,
     DuplicateMessage,
     MessageRejected,
@@ -42,7 +40,6 @@ from dormant.replay.client import ForkMethods
 from dormant.runtime.admission import park
 from dormant.runtime.budgets import raise_limits
 from dormant.runtime.close import Closing, close_thread, log_incomplete
-from dormant.runtime.history import SCHEDULED
 from dormant.runtime.limiter import Limiter
 from dormant.runtime.stream import StreamMethods
 from dormant.settings import Settings
@@ -50,7 +47,6 @@ from dormant.stores.base import (
     DedupSet,
     Lease,
     NewThread,
-    NewTimer,
     OutboxRow,
     Priority,
     Store,
@@ -62,6 +58,7 @@ from dormant.stores.base import (
 from dormant.stores.lineage import full_history
 from dormant.streams import LiveLog
 from dormant.tools.runner import as_text
+from dormant.tools.sink import ToolSinkMethods
 from dormant.tracing import capture
 from dormant.tracing import provider as tracer_provider
 
@@ -81,7 +78,7 @@ def new_thread_id() -> str:
     return f"thr_{uuid.uuid4().hex[:20]}"
 
 
-class BaseClient(ApprovalMethods, ForkMethods, StreamMethods, ABC):
+class BaseClient(ApprovalMethods, ForkMethods, StreamMethods, ToolSinkMethods, ABC):
     """Everything a caller does to threads, over a store, a dedup set and a waker."""
 
     def __init__(
@@ -381,47 +378,6 @@ class BaseClient(ApprovalMethods, ForkMethods, StreamMethods, ABC):
         expires = int(time.time() + self.settings.token_ttl_s)
         return callback_url(
             self.settings.callback_base_url, self.settings.secret_keys, thread_id, call_id, expires
-        )
-
-    # the ToolSink protocol (what running tools send) -------------------------------------
-
-    def tool_result(
-        self, thread_id: str, call_id: str, content: str, *, is_error: bool = False
-    ) -> None:
-        # A re-dispatched tool answering twice: the first answer stands.
-        with contextlib.suppress(DuplicateMessage):
-            try:
-                self.deliver(
-                    thread_id, call_id, content, message_id=f"result:{call_id}", is_error=is_error
-                )
-            except CallAnswered as refused:
-                # Answered meanwhile by someone else (an operator's deliver): theirs stands.
-                log.warning("tool result dropped: %s", refused)
-
-    def tool_event(
-        self,
-        thread_id: str,
-        call_id: str,
-        content: str,
-        *,
-        associative: bool,
-        final: bool,
-        message_id: str | None,
-    ) -> None:
-        with contextlib.suppress(DuplicateMessage):
-            self.send_event(
-                thread_id,
-                call_id,
-                content,
-                associative=associative,
-                final=final,
-                message_id=message_id,
-            )
-
-    def tool_schedule(self, thread_id: str, call_id: str, content: str, at: datetime) -> None:
-        message = EventMessage(call_id=call_id, content=content)
-        self.store.add_timer(
-            thread_id, NewTimer(call_id, at, f"{SCHEDULED}{uuid.uuid4().hex}", message)
         )
 
     # internals --------------------------------------------------------------------------
