@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import logging
+import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -255,3 +256,19 @@ def test_a_local_system_stalls_a_thread_whose_model_raises_a_plain_exception() -
         assert model.calls == 3  # three tries with backoff, then nothing more
         system.run_until_idle(timeout_s=60, raise_on_failure=False)
         assert model.calls == 3
+
+
+def test_retry_jitter_leaves_the_applications_random_alone() -> None:
+    """Backoff draws from dormant's own stream: a program that seeded ``random`` to repeat a
+    run (or Hypothesis, checking nothing else draws while it generates data) sees no draw
+    from a worker thread's retries."""
+    random.seed(35)
+    state = random.getstate()
+    sleeps: list[float] = []
+    model = Flaky(failures=1)
+    h = Harness(Agent("a", model=model), settings=settings(model_backoff_s=0.01))
+    h.deps = replace(h.deps, sleep=sleeps.append)
+    t = h.launch("a", "hi")
+    assert isinstance(h.step(t), Idle)
+    assert len(sleeps) == 1 and 0.005 <= sleeps[0] <= 0.01  # it did back off, with jitter
+    assert random.getstate() == state

@@ -6,6 +6,7 @@ traces shares this one, and each test clears the exporter first.
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,17 +16,33 @@ from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.id_generator import IdGenerator
 
 __all__ = ["by_name", "histogram_points", "memory_exporter", "memory_metrics", "only"]
 
 _exporter = InMemorySpanExporter()
 
 
+class _OwnRandomIds(IdGenerator):
+    """Ids from a stream of their own. The SDK's default draws from the global ``random``,
+    and once this provider is set, every later test's slices make spans on worker threads:
+    a draw while Hypothesis generates data (``test_callback_fuzz.py``) fails that test."""
+
+    def __init__(self) -> None:
+        self._random = random.Random()
+
+    def generate_span_id(self) -> int:
+        return self._random.getrandbits(64) or 1
+
+    def generate_trace_id(self) -> int:
+        return self._random.getrandbits(128) or 1
+
+
 def memory_exporter() -> InMemorySpanExporter:
     """The process's in-memory exporter, cleared, behind an SDK tracer provider."""
     found = trace.get_tracer_provider()
     if not isinstance(found, TracerProvider):
-        provider = TracerProvider()
+        provider = TracerProvider(id_generator=_OwnRandomIds())
         provider.add_span_processor(SimpleSpanProcessor(_exporter))
         trace.set_tracer_provider(provider)
     _exporter.clear()

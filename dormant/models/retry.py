@@ -11,11 +11,16 @@ from dormant.models.base import ChunkSink, Completion, Model, ModelRequest
 
 __all__ = ["backoff_s", "complete_with_retry"]
 
+_JITTER = random.Random()
+"""dormant's own stream: jitter never draws from (or moves) the application's global
+``random``, which a program may have seeded to repeat a run (or a test, to check that
+nothing else draws from it while it generates data, as Hypothesis does)."""
+
 
 def backoff_s(attempt: int, base_s: float, max_s: float, rng: random.Random | None = None) -> float:
     """Full-jitter backoff for the ``attempt``-th retry (1-based), capped at ``max_s``."""
     ceiling = min(max_s, base_s * (2 ** (attempt - 1)))
-    return (rng or random).uniform(ceiling / 2, ceiling)
+    return (rng or _JITTER).uniform(ceiling / 2, ceiling)
 
 
 def complete_with_retry(

@@ -46,6 +46,8 @@ PING_IDLE_S = 1.0
 """A pooled PostgreSQL connection unused for longer is pinged before it is lent."""
 _USED_AT = "dormant_used_at"
 _BUSY_CODES = frozenset({sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED})
+_JITTER = random.Random()
+"""Busy waits draw from a stream of their own, never the application's global ``random``."""
 
 log = logging.getLogger("dormant.sql")
 
@@ -145,7 +147,7 @@ def _journal_in_wal(cursor: sqlite3.Cursor) -> None:
         except sqlite3.OperationalError as error:
             if error.sqlite_errorcode not in _BUSY_CODES or time.monotonic() > deadline:
                 raise
-            time.sleep(random.uniform(0.005, 0.05))
+            time.sleep(_JITTER.uniform(0.005, 0.05))
 
 
 def _sqlite_begin(conn: Connection) -> None:
@@ -172,7 +174,7 @@ def retry_busy(method: Callable[Concatenate[_S, _P], _T]) -> Callable[Concatenat
             except OperationalError as exc:
                 if attempt == SQLITE_BUSY_ATTEMPTS or not is_busy(exc):
                     raise
-                wait_s = random.uniform(0.05, 0.1 * 2**attempt)
+                wait_s = _JITTER.uniform(0.05, 0.1 * 2**attempt)
                 log.warning(
                     "SQLite busy in %s (try %d of %d); again in %.2f s",
                     method.__name__,
