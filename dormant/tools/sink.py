@@ -6,8 +6,8 @@ from __future__ import annotations
 import contextlib
 import logging
 import uuid
+from collections.abc import Callable
 from datetime import datetime
-from typing import Any
 
 from dormant.errors import CallAnswered, DuplicateMessage
 from dormant.messages import EventMessage
@@ -25,29 +25,8 @@ class ToolSinkMethods:
 
     store: Store
 
-    def deliver(
-        self,
-        thread_id: str,
-        call_id: str,
-        result: Any,
-        *,
-        message_id: str | None = None,
-        token: str | None = None,
-        is_error: bool = False,
-    ) -> str:
-        raise NotImplementedError  # ``BaseClient``'s
-
-    def send_event(
-        self,
-        thread_id: str,
-        call_id: str,
-        content: Any,
-        *,
-        associative: bool = False,
-        final: bool = False,
-        message_id: str | None = None,
-    ) -> str:
-        raise NotImplementedError  # ``BaseClient``'s
+    deliver: Callable[..., str]  # ``BaseClient``'s
+    send_event: Callable[..., str]  # ``BaseClient``'s
 
     def tool_result(
         self, thread_id: str, call_id: str, content: str, *, is_error: bool = False
