@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
@@ -147,3 +148,12 @@ def user_or_result(
 
 def results(items: Sequence[Item]) -> list[ToolResult]:
     return [i for i in items if isinstance(i, ToolResult)]
+
+
+def poll(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
+    """Wait until ``condition()`` holds, looking every 10 ms; fail after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.01)

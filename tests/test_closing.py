@@ -33,7 +33,7 @@ from dormant.runtime.outcomes import Closed
 from dormant.stores.base import CallState, InboxState, Priority, Snapshot, Store, ThreadStatus
 from dormant.stores.memory.store import MemoryStore
 from tests.conftest import StoreOpener
-from tests.harness import Harness
+from tests.harness import Harness, poll
 
 cancelled: list[str] = []
 
@@ -218,14 +218,6 @@ class _Streamer:
         return reply("word " * self.chunks)
 
 
-def _poll(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.01)
-
-
 def test_closing_a_thread_mid_slice_abandons_the_model_call_and_commits_nothing_of_it(
     open_store: StoreOpener,
 ) -> None:
@@ -240,7 +232,7 @@ def test_closing_a_thread_mid_slice_abandons_the_model_call_and_commits_nothing_
         assert model.started.wait(10)
 
         system.close_thread(thread_id, reason="stop now")
-        _poll(lambda: model.stopped_by != "")
+        poll(lambda: model.stopped_by != "")
         system.run_until_idle(timeout_s=20)
 
         assert model.stopped_by == "LeaseLost"
@@ -278,7 +270,7 @@ def test_the_sweeper_closes_a_thread_idle_past_its_agents_limit_and_no_other(
         kept = system.launch("patient", "hello")
         system.run_until_idle()
 
-        _poll(lambda: system.thread(brief).status is ThreadStatus.CLOSED)
+        poll(lambda: system.thread(brief).status is ThreadStatus.CLOSED)
 
         assert system.thread(brief).closed_reason == "idle for more than 0.3 s"
         assert system.thread(kept).status is ThreadStatus.IDLE
@@ -298,7 +290,7 @@ def test_an_idle_limit_never_closes_a_thread_waiting_on_a_call(open_store: Store
         idle = system.launch("waiter", "chat")
         system.run_until_idle()
 
-        _poll(lambda: system.thread(idle).status is ThreadStatus.CLOSED)  # sweeps went by
+        poll(lambda: system.thread(idle).status is ThreadStatus.CLOSED)  # sweeps went by
 
         assert system.thread(waiting).status is ThreadStatus.WAITING
 

@@ -23,17 +23,9 @@ from dormant.runtime.limiter import Ask
 from dormant.runtime.memory_limiter import MemoryLimiter
 from dormant.runtime.slice import Busy, Idle, SliceOutcome
 from dormant.stores.memory.sync import MemoryLease
-from tests.harness import Harness
+from tests.harness import Harness, poll
 
 TTL_S = 0.3
-
-
-def _poll(condition: Callable[[], bool], within_s: float = 10.0) -> None:
-    deadline = time.monotonic() + within_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.01)
 
 
 def _holds_for(lease: MemoryLease, thread_id: str, for_s: float) -> None:
@@ -149,7 +141,7 @@ def test_a_slice_that_dies_stops_being_renewed_and_its_thread_runs_again() -> No
     with pytest.raises(CrashPoint):
         h.step(t)
     assert h.lease.held(t)  # a dead holder's lease stays until it expires, unrenewed
-    _poll(lambda: not h.lease.held(t), within_s=5 * TTL_S)
+    poll(lambda: not h.lease.held(t), timeout_s=5 * TTL_S)
     h.deps = replace(h.deps, settings=Settings(lease_ttl_s=TTL_S))  # the next worker lives
     assert isinstance(h.step(t), Idle)
     assert h.history(t)[-1].text == "hi"  # type: ignore[union-attr]
@@ -161,8 +153,8 @@ def test_a_slice_past_its_deadline_is_renewed_no_more() -> None:
     token = lease.acquire("thr_1", TTL_S)
     assert token is not None
     with keeper.keep(lease, "thr_1", token, TTL_S, renew_for_s=2 * TTL_S) as hold:
-        _poll(lambda: hold.renewals >= 2)
-        _poll(lambda: not lease.held("thr_1"), within_s=10 * TTL_S)  # hung: let go
+        poll(lambda: hold.renewals >= 2)
+        poll(lambda: not lease.held("thr_1"), timeout_s=10 * TTL_S)  # hung: let go
         renewals = hold.renewals
         assert not hold.lost
     assert renewals <= 6
@@ -174,9 +166,9 @@ def test_a_refused_renewal_marks_the_hold_lost() -> None:
     token = lease.acquire("thr_1", TTL_S)
     assert token is not None
     with keeper.keep(lease, "thr_1", token, TTL_S, renew_for_s=None) as hold:
-        _poll(lambda: hold.renewals >= 1)
+        poll(lambda: hold.renewals >= 1)
         lease.revoke("thr_1")  # what closing the thread does
-        _poll(lambda: hold.lost)
+        poll(lambda: hold.lost)
         assert lease.acquire("thr_1", TTL_S) is not None  # another holder may have it now
 
 
@@ -192,5 +184,5 @@ def test_many_holds_are_renewed_by_one_thread_each_on_its_own_time() -> None:
             for t, ttl in ttls.items()
         ]
         assert threading.active_count() == before + 1
-        _poll(lambda: all(h.renewals >= 2 for h in holds))
+        poll(lambda: all(h.renewals >= 2 for h in holds))
         assert all(lease.held(t) for t in ttls)

@@ -3,7 +3,6 @@ else, and a message whose inbox row was pruned is still recognized when it comes
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 
@@ -22,6 +21,7 @@ from dormant.ops.prune import prune
 from dormant.stores.base import InboxState, Store, ThreadStatus
 from dormant.stores.sql.store import SQLStore
 from tests.conftest import StoreOpener
+from tests.harness import poll
 
 callbacks: dict[str, str] = {}
 
@@ -227,14 +227,6 @@ def test_a_resent_threaded_event_whose_row_was_pruned_is_a_duplicate_and_runs_no
     assert again.store.children(thread_id) == []  # no second event thread ran
 
 
-def _poll(condition: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.02)
-
-
 def test_local_system_prunes_closed_threads_past_prune_older_than_s(
     open_store: StoreOpener,
 ) -> None:
@@ -254,6 +246,6 @@ def test_local_system_prunes_closed_threads_past_prune_older_than_s(
                 return True
             return False
 
-        _poll(pruned)
+        poll(pruned)
 
         assert system.thread(kept).status is ThreadStatus.IDLE
