@@ -3,8 +3,10 @@
     python bench/summary.py [--results bench/results] [--before DIR]
 
 Reads ``reference.json`` and ``celery.json`` (``make bench``; ``make bench-full`` writes
-them under ``bench/results/full``) and, when present, ``idle_scale.json`` and
-``burst.json`` (slice tasks per model call under a burst, issue 35). With
+them under ``bench/results/full``) and, when present, ``idle_scale.json``, ``burst.json``
+(slice tasks per model call under a burst, issue 35) and ``instructions.json`` (SQLite
+against the memory store in counted instructions, which the machine's load does not
+move: ``make bench-full``). With
 ``--before``, the same files of an earlier run (another commit, the same machine) fill a
 "before" column. Beside each measure, the runtime's own CPU per completion in microseconds
 and the simulated model's: the distance to the floor. A figure a results file lacks (an
@@ -44,7 +46,7 @@ class Row:
 
 def load(results: Path) -> Figures:
     figures: Figures = {}
-    for name in ("reference", "celery", "idle_scale", "burst"):
+    for name in ("reference", "celery", "idle_scale", "burst", "instructions"):
         path = results / f"{name}.json"
         if path.exists():
             figures[name] = json.loads(path.read_text())
@@ -148,6 +150,16 @@ def wake_ratio(f: Figures) -> float | None:
     return ratio(get(low, "deliver", "p50_ms"), get(low, "noop", "p50_ms"))
 
 
+def sqlite_vs_memory_instructions(f: Figures) -> float | None:
+    """The same ratio in instructions a completion (``bench/instructions.py``)."""
+    return get(f, "instructions", "memory_over_sqlite")
+
+
+def instructions_m(f: Figures, system: str) -> str:
+    count = get(f, "instructions", "instructions_per_completion", system)
+    return "-" if count is None else f"{count / 1e6:.2f} M"
+
+
 def waiting_ratio(f: Figures) -> float | None:
     return get(f, "celery", "waiting", "ratio")
 
@@ -223,6 +235,16 @@ ROWS = (
         lambda f: shown(sqlite_vs_memory(f), ".2f"),
         at_least(0.7, sqlite_vs_memory),
         lambda f: f"{own_us(f, 'dormant-sqlite')} (memory {own_us(f, 'dormant-memory')})",
+    ),
+    Row(
+        "SQLite / memory store, per instruction",
+        ">= 0.7",
+        lambda f: shown(sqlite_vs_memory_instructions(f), ".2f"),
+        at_least(0.7, sqlite_vs_memory_instructions),
+        lambda f: (
+            f"{instructions_m(f, 'dormant-sqlite')} instr. "
+            f"(memory {instructions_m(f, 'dormant-memory')})"
+        ),
     ),
     Row(
         "burst: slice tasks per model call",
