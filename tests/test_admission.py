@@ -528,6 +528,27 @@ def test_user_text_for_a_deferred_thread_does_not_wait_for_its_place(store: Stor
     assert _sweep_at(store, h, now) == []
 
 
+def test_user_text_told_its_turn_is_woken_by_the_sweeper_only_at_it(store: Store) -> None:
+    """Issue 35: the sweeper woke a thread deferred for capacity at every sweep while it
+    had user text, before the turn that user text was told: a slice refused again. Now
+    only user text sent after the deferral jumps the thread's time."""
+    model = ScriptedModel(lambda items: reply("done"))
+    h = Harness(Agent("a", model=model), store=store)
+    clock = Clock()
+    _limited(h, RateLimit(rpm=1, reserve=0.0), clock)
+    assert isinstance(h.step(_launch(h, "warm", Priority.INTERACTIVE)), Idle)
+    user = _launch(h, "a user asks", Priority.INTERACTIVE)
+    refused = h.step(user)
+    assert isinstance(refused, Deferred) and refused.wait_s == pytest.approx(60)
+    now = datetime.now(UTC)
+    assert _sweep_at(store, h, now) == []  # not before its turn
+    assert _sweep_at(store, h, now + timedelta(seconds=30)) == []
+    assert _sweep_at(store, h, now + timedelta(seconds=61)) == [(user, Priority.INTERACTIVE)]
+    clock.now_s += 60
+    assert isinstance(h.step(user), Idle)
+    assert len(model.requests) == 2  # one refusal, no slice before its turn
+
+
 @pytest.mark.parametrize("late_s", [0.0, 0.2])
 def test_a_deferred_burst_runs_at_the_configured_rate(store: Store, late_s: float) -> None:
     """The burst of issue 23's bench: N background threads of one agent, refused at once,

@@ -1052,6 +1052,47 @@ def test_a_pending_row_below_inbox_seen_is_still_woken(store: Store) -> None:
     assert store.threads_to_wake() == [info.id]
 
 
+def test_a_deferral_holds_the_user_text_it_saw_to_its_time_but_not_user_text_after(
+    store: Store,
+) -> None:
+    """Issue 35: user text refused for model capacity is told its turn (the thread's
+    ``retry_at``): the sweeper used to wake it at every sweep before that, a slice refused
+    again. User text sent after a deferral (its own wake lost) still does not wait for
+    the thread's place."""
+    now = datetime.now(UTC)
+    turn = now + timedelta(seconds=30)
+    asked = new_thread(store)
+    row = enqueue(store, asked.id, "what now?")
+    store.defer(asked.id, turn, seen=row.id)
+    assert store.thread(asked.id).inbox_seen == row.id
+    assert store.threads_to_wake(now=now) == []  # told its turn: not woken before it
+    assert store.wakes_due(now=turn) == [(asked.id, Priority.INTERACTIVE)]
+    store.defer(asked.id, turn, seen=0)  # a deferral never lowers what was seen
+    assert store.thread(asked.id).inbox_seen == row.id
+    enqueue(store, asked.id, "and now?")  # sent after the deferral
+    assert store.wakes_due(now=now) == [(asked.id, Priority.INTERACTIVE)]
+
+    background = new_thread(store)
+    job = enqueue(store, background.id, "job", priority=Priority.BACKGROUND)
+    store.defer(background.id, now + timedelta(hours=1), seen=job.id)
+    assert background.id not in store.threads_to_wake(now=now)
+    enqueue(store, background.id, "a person asks")
+    assert (background.id, Priority.INTERACTIVE) in store.wakes_due(now=now)
+
+
+def test_user_text_of_a_thread_deferred_without_a_mark_is_woken_at_once(store: Store) -> None:
+    """A thread deferred by a version that did not record what its slice saw (its
+    ``inbox_seen`` below its pending rows) reads as user text sent after the deferral:
+    woken at once, as then, rather than held to a place it may not have been told."""
+    info = new_thread(store)
+    enqueue(store, info.id, "what now?")
+    now = datetime.now(UTC)
+    store.defer(info.id, now + timedelta(hours=1), seen=0)
+    assert store.wakes_due(now=now) == [(info.id, Priority.INTERACTIVE)]
+    store.record_failure(info.id, "503", stall_after=5, retry_at=now + timedelta(hours=1))
+    assert store.threads_to_wake(now=now) == []  # a failure's backoff holds user text too
+
+
 def test_threads_to_wake_skips_stalled_threads_and_finished_rows(store: Store) -> None:
     stalled, finished = new_thread(store), new_thread(store)
     enqueue(store, stalled.id)

@@ -276,18 +276,20 @@ def _counted(sleep: Callable[[float], None], limiter: Limiter | None) -> Callabl
     return counted
 
 
-def defer(deps: SliceDeps, throttled: Throttled) -> Deferred:
+def defer(deps: SliceDeps, throttled: Throttled, seen: int) -> Deferred:
     """End the slice for want of capacity: the thread's messages stay queued, and the
     sweeper leaves it alone until its "not before" time (no failure is counted): its place,
     ``PLACE_WAKE_EARLY_S`` before a distant one, or ``PLACE_BACKSTOP_S`` after one that
-    whoever runs the slices wakes it at (``SliceDeps.wakes_at_place_s``)."""
+    whoever runs the slices wakes it at (``SliceDeps.wakes_at_place_s``). ``seen``, the
+    newest inbox row the slice looked at, tells the sweeper which user text was asked for
+    (it waits for its turn) and which came after (woken at once, ``Store.defer``)."""
     wait_s = throttled.wait_s
     not_before = deps.clock() + timedelta(seconds=wait_s)
     if wait_s <= deps.wakes_at_place_s:
         stored_s = PLACE_BACKSTOP_S  # the runner wakes it on time; the sweeper if that is lost
     else:
         stored_s = -PLACE_WAKE_EARLY_S if wait_s > 2 * PLACE_WAKE_EARLY_S else 0.0
-    deps.store.defer(throttled.thread_id, not_before + timedelta(seconds=stored_s))
+    deps.store.defer(throttled.thread_id, not_before + timedelta(seconds=stored_s), seen=seen)
     if deps.limiter is not None:
         deps.limiter.count("deferred")
     log.debug(

@@ -280,11 +280,11 @@ class _Slice(SliceWatch, SliceCommit):
             # (``retry`` once the agent is deployed), visibly, rather than fail each sweep.
             where = locate_agent(deps, snap, error)
             if isinstance(where, Elsewhere):
-                return leave(deps, self.thread_id, where.why), None
+                return leave(deps, self.thread_id, where.why, self.seen), None
             return self._failed(snap.thread.failures, where.why, stall_after=1), None
         newer = newer_code(deps, snap)
         if newer is not None:
-            return leave(deps, self.thread_id, newer.why), None
+            return leave(deps, self.thread_id, newer.why, self.seen), None
         self.steering = agent.steering == "interrupt"
         turn = Turn(snap.next_seq, code_version=agent.fingerprint)
         desk = ApprovalDesk.open(agent, snap, turn)
@@ -306,7 +306,7 @@ class _Slice(SliceWatch, SliceCommit):
                 return Steered(self.thread_id), self.seen
             except Throttled as throttled:  # nothing consumed; woken when capacity is back
                 self.trace.event("dormant.admission.wait", {"dormant.wait_s": throttled.wait_s})
-                return defer(deps, throttled), self.seen
+                return defer(deps, throttled, self.seen), self.seen
             except (BudgetExceeded, ModelError) as error:
                 if isinstance(error, BudgetExceeded):
                     self.trace.event("dormant.budget.stop", {"dormant.reason": str(error)})

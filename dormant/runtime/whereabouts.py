@@ -302,9 +302,11 @@ def newer_code(deps: SliceDeps, snap: Snapshot) -> Elsewhere | None:
     return deps.whereabouts.superseded(snap.thread.agent, deps.clock())
 
 
-def leave(deps: SliceDeps, thread_id: str, why: str) -> Left:
-    """End the slice without writing anything but the thread's "not before": the sweeper
-    leaves it for ``LEAVE_FOR_S``, and a Celery worker sends the slice back to the queue."""
+def leave(deps: SliceDeps, thread_id: str, why: str, seen: int) -> Left:
+    """End the slice without writing anything but the thread's "not before" (and ``seen``,
+    the newest inbox row it looked at: ``Store.defer``): the sweeper leaves it for
+    ``LEAVE_FOR_S`` unless user text comes after, and a Celery worker sends the slice back
+    to the queue."""
     not_before = deps.clock() + timedelta(seconds=LEAVE_FOR_S)
-    deps.store.defer(thread_id, not_before)
+    deps.store.defer(thread_id, not_before, seen=seen)
     return Left(thread_id, why, not_before)

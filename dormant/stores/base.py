@@ -92,9 +92,13 @@ class SliceStore(Protocol):
 
     def mark_dispatched(self, outbox_ids: list[int]) -> None: ...
 
-    def defer(self, thread_id: str, not_before: datetime) -> None:
+    def defer(self, thread_id: str, not_before: datetime, *, seen: int) -> None:
         """Leave the thread to the sweeper until ``not_before`` (its ``retry_at``) without
-        counting a failure: admission found no model capacity (``runtime/admission.py``)."""
+        counting a failure: admission found no model capacity (``runtime/admission.py``).
+        ``seen`` is the newest inbox row the refused slice looked at, kept as the thread's
+        ``inbox_seen`` (never lowered): only user text newer than it, sent after the
+        deferral, is woken before ``not_before`` (user text deferred to its own turn
+        waits for it)."""
         ...
 
     def quarantine(self, thread_id: str, inbox_id: int, reason: str) -> ThreadInfo:
@@ -278,7 +282,9 @@ class SweepStore(Protocol):
 
     def threads_to_wake(self, limit: int = 100, *, now: datetime | None = None) -> list[str]:
         """Threads (not stalled, not backing off at ``now``) with inbox rows in state
-        pending, longest-waiting first."""
+        pending, longest-waiting first. A thread deferred for model capacity (``defer``)
+        is not backing off for user text sent after the deferral (an inbox id above its
+        ``inbox_seen``)."""
         ...
 
     def wakes_due(self, limit: int = 100, *, now: datetime | None = None) -> list[tuple[str, int]]:

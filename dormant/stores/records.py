@@ -145,7 +145,10 @@ class ThreadInfo:
     """Consecutive slices that ended in a model failure."""
     last_error: str = ""
     inbox_seen: int = 0
-    """The highest inbox id a committed slice has looked at (informational)."""
+    """The highest inbox id a slice has looked at, committed or deferred for model
+    capacity: the sweeper wakes a deferred thread before its ``retry_at`` only for user
+    text above it (sent after the deferral, not the user text the deferral was told a
+    turn for)."""
     retry_at: datetime | None = None
     """After a failed slice: the sweeper leaves the thread alone until then (backoff)."""
     closed_reason: str = ""

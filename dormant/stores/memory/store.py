@@ -322,9 +322,11 @@ class MemoryStore(
                 self._cool(commit.thread_id, t)  # its turn is over: it waits for a person
             return created
 
-    def defer(self, thread_id: str, not_before: datetime) -> None:
+    def defer(self, thread_id: str, not_before: datetime, *, seen: int) -> None:
         with self._lock:
-            stored.update(self._get(thread_id), retry_at=not_before)
+            t = self._get(thread_id)
+            inbox_seen = max(stored.info_of(t).inbox_seen, seen)
+            stored.update(t, retry_at=not_before, inbox_seen=inbox_seen)
 
     def record_failure(
         self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None

@@ -153,8 +153,14 @@ class MemorySweep:
                 info = stored.info_of(self._threads[thread_id])
                 backing_off = now is not None and info.retry_at is not None and info.retry_at > now
                 if backing_off and info.failures == 0:  # deferred for model capacity:
-                    pending = [r for r in pending if r.priority >= Priority.INTERACTIVE]
-                    backing_off = not pending  # user text does not wait for its place
+                    # user text sent after the deferral does not wait for its place; user
+                    # text the deferral saw (told its turn) does
+                    pending = [
+                        r
+                        for r in pending
+                        if r.priority >= Priority.INTERACTIVE and r.id > info.inbox_seen
+                    ]
+                    backing_off = not pending
                 if info.status is not ThreadStatus.STALLED and not backing_off:
                     oldest = min(r.id for r in pending)
                     waiting.append((-max(r.priority for r in pending), oldest, thread_id))

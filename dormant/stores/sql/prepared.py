@@ -313,9 +313,14 @@ class Prepared:
             or_(
                 threads.c.retry_at.is_(None),
                 threads.c.retry_at <= bindparam("now", type_=retry_type),
-                # deferred for model capacity (no failure): user text does not wait for
-                # the background thread's place, even when its own wake was lost
-                and_(threads.c.failures == 0, inbox.c.priority >= int(Priority.INTERACTIVE)),
+                # deferred for model capacity (no failure): user text sent after the
+                # deferral does not wait for the thread's place, even when its own wake
+                # was lost; user text the deferral saw (told its turn) waits for its turn
+                and_(
+                    threads.c.failures == 0,
+                    inbox.c.priority >= int(Priority.INTERACTIVE),
+                    inbox.c.id > threads.c.inbox_seen,
+                ),
             )
         )
 

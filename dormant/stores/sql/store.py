@@ -241,8 +241,13 @@ class SQLStore(SQLRetention, SQLClaims, SQLRoster, SQLSweep, SQLTimerQuery, Sche
         return usage_by_agent(self._schema, self._tx, thread_id, agent, since)
 
     @retry_busy
-    def defer(self, thread_id: str, not_before: datetime) -> None:
-        self._update_thread(thread_id, retry_at=as_utc(not_before))
+    def defer(self, thread_id: str, not_before: datetime, *, seen: int) -> None:
+        seen_before = self._schema.threads.c.inbox_seen
+        self._update_thread(
+            thread_id,
+            retry_at=as_utc(not_before),
+            inbox_seen=case((seen_before > seen, seen_before), else_=seen),
+        )
 
     def record_failure(
         self, thread_id: str, error: str, stall_after: int, retry_at: datetime | None = None
