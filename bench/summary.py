@@ -1,4 +1,4 @@
-"""Issue 22's table from the figures the benches wrote: each measure against its target.
+"""The performance targets of issues 22 and 35, each beside the figure the benches wrote.
 
     python bench/summary.py [--results bench/results] [--before DIR]
 
@@ -289,7 +289,7 @@ def main() -> None:
     args = parser.parse_args()
     after = load(args.results)
     before = load(args.before) if args.before else None
-    table = Table(title=f"Issue 22's measures ({args.results})")
+    table = Table(title=f"Performance targets, issues 22 and 35 ({args.results})")
     table.add_column("measure")
     table.add_column("target", justify="right")
     if before is not None:
