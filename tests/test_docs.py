@@ -131,3 +131,25 @@ def test_the_upgrades_page_upgrade_args_maps_old_calls_and_leaves_new_ones() -> 
     assert find_order.error_for(upgrade({"id": 7})) is None  # type: ignore[attr-defined]
     assert upgrade({"order_id": 7, "include_lines": True}) == {"order_id": 7, "include_lines": True}
     assert find_order.error_for({"id": 7}) is not None  # type: ignore[attr-defined]
+
+
+def test_the_monitoring_page_quotes_both_no_agents_refusals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/monitoring.md, "Without agents": ``dormant worker`` says the agents are missing
+    (exit 3) in the line the page prints; the Celery worker's line (``worker.py``) too."""
+    from typer.testing import CliRunner
+
+    from dormant.agents import NO_AGENTS
+    from dormant.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("DORMANT_AGENTS", "DORMANT_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DORMANT_SECRET_KEY", "dev-key")
+    upgrade("sqlite:///dormant.db")
+    ran = CliRunner().invoke(app, ["worker"])
+    doc = (ROOT / "docs" / "monitoring.md").read_text()
+    assert ran.exit_code == 3, ran.output
+    assert f"\n{ran.output.strip()}\n```" in doc
+    assert f"\nerror: a worker cannot start: {NO_AGENTS}\n```" in doc
