@@ -348,7 +348,7 @@ def callbacks(
     from dormant.http.callbacks import callback_app
     from dormant.http.dev_server import make_dev_server
 
-    with open_client() as client:
+    with open_client(verifies_urls=True) as client:
         try:
             server = make_dev_server(host, port, with_links(client, callback_app(client)))
         except OSError as error:
