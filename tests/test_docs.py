@@ -153,3 +153,25 @@ def test_the_monitoring_page_quotes_both_no_agents_refusals(
     assert ran.exit_code == 3, ran.output
     assert f"\n{ran.output.strip()}\n```" in doc
     assert f"\nerror: a worker cannot start: {NO_AGENTS}\n```" in doc
+
+
+def test_the_readme_command_list_names_commands_and_options_that_exist() -> None:
+    """README.md, "The command line": each line's command answers ``--help`` and has every
+    option the line names."""
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## The command line", 1)[1].split("```")[1]
+    for line in block.strip().splitlines():
+        words = line.split("  ", 1)[0].split()[1:]
+        if words[0].startswith("--"):
+            continue  # dormant --version
+        path = [w for w in words[:2] if re.fullmatch(r"[a-z][a-z-]*", w)][
+            : 2 if "|" not in line else 1
+        ]
+        shown = CliRunner().invoke(app, [*path, "--help"])
+        assert shown.exit_code == 0, (line, shown.output)
+        for option in re.findall(r"--[a-z][a-z-]*", line):
+            assert option in shown.output, f"dormant {' '.join(path)} has no {option}"
