@@ -285,19 +285,21 @@ class Settings:
         """
         return self if self.secret_keys else replace(self, secret_keys=(secrets.token_hex(32),))
 
-    def with_local_secret(self) -> Settings:
+    def with_local_secret(self, *, ephemeral: bool = True) -> Settings:
         """These settings with a signing key that lives as long as the database.
 
         ``DORMANT_SECRET_KEY`` (``secret_keys``) wins. Otherwise a SQLite file gets a key
         generated once and kept beside it (``<database>.key``, mode 0600), so a callback URL
         minted before a restart still verifies after it. Other databases get a key for
         this process only (their callback URLs die with it): set ``DORMANT_SECRET_KEY``.
+        With ``ephemeral=False`` they get none (a process that only verifies URLs another
+        process minted could verify nothing with a key of its own).
         """
         if self.secret_keys:
             return self
         path = _sqlite_file(self.database_url)
         if path is None:
-            return self.with_ephemeral_secret()
+            return self.with_ephemeral_secret() if ephemeral else self
         return replace(self, secret_keys=(_key_beside(path),))
 
 

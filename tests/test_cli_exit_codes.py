@@ -60,12 +60,31 @@ def assert_usage_error(ran: Ran, *fragments: str) -> None:
         (["beat", "--loglevel", "loud"], "'loud' is not a log level"),
         (["launch", "a", "hi", "--agents", "no_such_agents"], "no module 'no_such_agents'"),
         (["worker", "--agents", "no_such.agents"], "no module 'no_such.agents'"),
+        (["check", "--upgrade", "--agents", "no_such.agents"], "no module 'no_such.agents'"),
     ],
 )
 def test_a_bad_option_value_is_a_usage_error_with_exit_2_not_3(
     empty_dir: Path, args: list[str], fragment: str
 ) -> None:
     assert_usage_error(run(empty_dir, *args), fragment)
+
+
+def test_check_upgrade_imports_the_new_agents_module_from_the_current_directory(
+    tmp_path: Path, migrated: str
+) -> None:
+    """docs/upgrades.md runs ``dormant check --upgrade --agents myapp.agents_next`` in the
+    project, like ``dormant worker --agents myapp.agents``: no ``PYTHONPATH`` needed."""
+    project = tmp_path / "project"
+    (project / "myapp").mkdir(parents=True)
+    (project / "myapp" / "__init__.py").write_text("")
+    (project / "myapp" / "agents_next.py").write_text(
+        "from dormant import Agent\n"
+        "from dormant.models import ScriptedModel, reply\n"
+        "calc = Agent('calc', model=ScriptedModel(lambda items: reply('ok')))\n"
+    )
+    args = ["check", "--upgrade", "--agents", "myapp.agents_next"]
+    ran = run(project, *args, DORMANT_DATABASE_URL=migrated)
+    assert (ran.code, ran.out) == (0, "no problems found in the open threads\n"), ran.err
 
 
 def test_a_broker_url_with_an_unusable_scheme_is_refused_when_the_settings_are_built() -> None:

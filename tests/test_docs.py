@@ -131,3 +131,47 @@ def test_the_upgrades_page_upgrade_args_maps_old_calls_and_leaves_new_ones() -> 
     assert find_order.error_for(upgrade({"id": 7})) is None  # type: ignore[attr-defined]
     assert upgrade({"order_id": 7, "include_lines": True}) == {"order_id": 7, "include_lines": True}
     assert find_order.error_for({"id": 7}) is not None  # type: ignore[attr-defined]
+
+
+def test_the_monitoring_page_quotes_both_no_agents_refusals(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/monitoring.md, "Without agents": ``dormant worker`` says the agents are missing
+    (exit 3) in the line the page prints; the Celery worker's line (``worker.py``) too."""
+    from typer.testing import CliRunner
+
+    from dormant.agents import NO_AGENTS
+    from dormant.cli import app
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("DORMANT_AGENTS", "DORMANT_DATABASE_URL"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DORMANT_SECRET_KEY", "dev-key")
+    upgrade("sqlite:///dormant.db")
+    ran = CliRunner().invoke(app, ["worker"])
+    doc = (ROOT / "docs" / "monitoring.md").read_text()
+    assert ran.exit_code == 3, ran.output
+    assert f"\n{ran.output.strip()}\n```" in doc
+    assert f"\nerror: a worker cannot start: {NO_AGENTS}\n```" in doc
+
+
+def test_the_readme_command_list_names_commands_and_options_that_exist() -> None:
+    """README.md, "The command line": each line's command answers ``--help`` and has every
+    option the line names."""
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## The command line", 1)[1].split("```")[1]
+    for line in block.strip().splitlines():
+        words = line.split("  ", 1)[0].split()[1:]
+        if words[0].startswith("--"):
+            continue  # dormant --version
+        path = [w for w in words[:2] if re.fullmatch(r"[a-z][a-z-]*", w)][
+            : 2 if "|" not in line else 1
+        ]
+        shown = CliRunner().invoke(app, [*path, "--help"])
+        assert shown.exit_code == 0, (line, shown.output)
+        for option in re.findall(r"--[a-z][a-z-]*", line):
+            assert option in shown.output, f"dormant {' '.join(path)} has no {option}"

@@ -118,3 +118,59 @@ def test_the_database_url_comes_from_the_environment_unless_an_argument_override
         system.run_until_idle()
     assert (tmp_path / "argument.db").exists()
     assert not (tmp_path / "dormant.db").exists()
+
+
+def test_dormant_callbacks_accepts_the_callback_urls_a_local_system_minted_on_sqlite(
+    tmp_path: Path,
+) -> None:
+    """With no ``DORMANT_SECRET_KEY``, ``dormant callbacks`` (port 8765, where the default
+    callback URLs point) verifies with the key kept beside the SQLite file, as
+    ``LocalSystem`` does: the URL a tool handed to CI is answered, not refused with 403."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    import urllib.error
+    import urllib.request
+
+    from tests.harness import poll
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    thread_id = start_build("sqlite:///dormant.db", "main")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DORMANT_")}
+    down = f"redis://127.0.0.1:{port}/0"  # no broker: the message is saved, the sweeper wakes it
+    env |= {"DORMANT_BROKER_URL": down, "DORMANT_REDIS_URL": down}
+    dormant = Path(sys.executable).with_name("dormant")
+    server = subprocess.Popen(
+        [str(dormant), "callbacks", "--port", str(port)],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def listening() -> bool:
+        assert server.poll() is None, server.communicate()[1]
+        with socket.socket() as probe:
+            return probe.connect_ex(("127.0.0.1", port)) == 0
+
+    try:
+        poll(listening, timeout_s=60)
+        url = callbacks["main"].replace("127.0.0.1:8765", f"127.0.0.1:{port}")
+        request = urllib.request.Request(url, data=b"green", method="POST")
+        request.add_header("Content-Type", "text/plain")
+        try:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                status = answer.status
+        except urllib.error.HTTPError as refused:
+            status, body = refused.code, refused.read()
+            raise AssertionError(f"{status}: {body!r}") from None
+    finally:
+        server.terminate()
+        server.communicate(timeout=30)
+    assert status in (200, 202)
+    with LocalSystem([AGENT], "sqlite:///dormant.db") as system:
+        system.run_until_idle()
+        assert last_text(system, thread_id) == "build: green"

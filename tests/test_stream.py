@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 
 import pytest
 
@@ -336,6 +337,24 @@ class _CloseNotYetLive:
 
     def closed_at(self, thread_id: str) -> tuple[int, int] | None:
         return None if self.held else self.live.closed_at(thread_id)
+
+
+def test_a_reader_of_a_thread_closed_a_while_ago_gets_its_closed_status_at_once() -> None:
+    """Nobody read the thread when it closed, so its live log never held the status; a
+    reader that comes later says the close from the store without waiting
+    ``LOST_CLOSE_AFTER_S`` for a live status that cannot come (a dashboard page of a closed
+    thread, an SSE client reconnecting to one, each waited 2 s for its end)."""
+    with _memory(Streamer(words=3)) as system:
+        thread_id = system.launch("streamer", "hello")
+        system.run_until_idle()
+        system.close_thread(thread_id, reason="done here")
+        system.run_until_idle()
+        closed_at = system.thread(thread_id).updated_at
+        later = closed_at + timedelta(seconds=LOST_CLOSE_AFTER_S + 1)
+        reader = StreamReader(thread_id, system.store, system.live, wall_clock=lambda: later)
+        events = reader.poll(0.0)
+    assert [e.type for e in events] == ["item", "item", "status"], events
+    assert events[-1].status == "closed" and reader.done  # type: ignore[union-attr]
 
 
 def test_a_reader_between_a_close_and_its_live_status_waits_for_the_status() -> None:

@@ -163,6 +163,7 @@ def _stamped(rig: Rig, at_s: float | str, body: bytes = PR) -> tuple[str, dict[s
         ("forged", 401, "does not match the body"),
         ("altered", 401, "does not match the body"),
         ("unsigned", 401, "missing X-Hub-Signature-256"),
+        ("unprefixed", 401, "X-Hub-Signature-256 must be sha256=<hex>, not 'a1b2'"),
         ("expired", 401, "expired"),
         ("no-timestamp", 401, "X-Timestamp"),
         ("nan-timestamp", 401, "bad X-Timestamp"),
@@ -190,6 +191,8 @@ def test_a_bad_delivery_is_refused_with_a_reason_and_changes_nothing(
         body = PR.replace(b"opened", b"closed")
     elif case == "unsigned":
         del headers["X-Hub-Signature-256"]
+    elif case == "unprefixed":  # present, without the "sha256=" GitHub puts before the hex
+        headers["X-Hub-Signature-256"] = "a1b2"
     elif case == "expired":
         path, headers = _stamped(rig, rig.now_s - 301)
     elif case == "no-timestamp":

@@ -193,13 +193,15 @@ def _show_traces(store: QueryStore, thread_id: str, as_json: bool) -> None:
 
 def _check_upgrade(agents_module: str | None, database_url: str | None, as_json: bool) -> None:
     from dormant.agents import AgentRegistry
+    from dormant.cli.client import cwd_importable
     from dormant.errors import ConfigurationError
     from dormant.ops.upgrade_check import check_upgrade
 
     module = agents_module or env_settings().agents_module
     if not module:
         raise ConfigurationError("dormant check --upgrade needs --agents MODULE or DORMANT_AGENTS")
-    agents = AgentRegistry.from_module(module)
+    with cwd_importable():
+        agents = AgentRegistry.from_module(module)
     with closing(open_store(database_url)) as store:
         problems = list(check_upgrade(store, agents))
     found = f"{len(problems)} problem(s) for {module}" if problems else "no problems found"
@@ -220,7 +222,10 @@ def check(
         "new code): gone agents and tools, stored arguments that no longer validate.",
     ),
     agents_module: str | None = typer.Option(
-        None, "--agents", help="With --upgrade: the new agents module (default DORMANT_AGENTS)."
+        None,
+        "--agents",
+        help="With --upgrade: the new agents module (default DORMANT_AGENTS).",
+        callback=check_agents,
     ),
     database_url: str | None = DatabaseOption,
     as_json: bool = JsonOption,
@@ -343,7 +348,7 @@ def callbacks(
     from dormant.http.callbacks import callback_app
     from dormant.http.dev_server import make_dev_server
 
-    with open_client() as client:
+    with open_client(verifies_urls=True) as client:
         try:
             server = make_dev_server(host, port, with_links(client, callback_app(client)))
         except OSError as error:

@@ -62,13 +62,20 @@ def env_settings() -> Settings:
     return hosted() if hosted is not None else Settings.from_env()
 
 
-def open_client(agents_module: str | None = None) -> Client:
+def open_client(agents_module: str | None = None, *, verifies_urls: bool = False) -> Client:
     """A client for the ``DORMANT_*`` URLs; with agents (``--agents`` or ``DORMANT_AGENTS``)
-    given to ``launch``, unknown agent names are refused before anything is stored."""
+    given to ``launch``, unknown agent names are refused before anything is stored.
+
+    ``verifies_urls``: the client answers callback URLs, so it needs the key that signed
+    them: ``DORMANT_SECRET_KEY``, or on a SQLite file the key ``LocalSystem`` keeps beside
+    it; with neither, a ``ConfigurationError``."""
     from dormant.cli.client import connect_client
 
     current = env_settings()
-    checked_database_url(current.database_url)
+    url = checked_database_url(current.database_url)
+    if verifies_urls:
+        check_database(url)  # no key file made beside a SQLite file that is not there
+        current = current.with_local_secret(ephemeral=False).require_secret()
     return connect_client(current, agents_module, check_database=check_database)
 
 

@@ -187,8 +187,11 @@ class WebhookReceiver:
                 )
             signed = stamp.encode() + b"." + body
         given = headers.get(source.signature_header.lower(), "")
-        if not given.startswith(source.signature_prefix):
+        if not given:
             raise _Refused(401, f"missing {source.signature_header} header")
+        if not given.startswith(source.signature_prefix):
+            form = f"{source.signature_prefix}<hex>"
+            raise _Refused(401, f"{source.signature_header} must be {form}, not {given[:20]!r}")
         mac = given[len(source.signature_prefix) :]
         for key in source.secret_keys:
             expected = hmac.new(key.encode(), signed, hashlib.sha256).hexdigest()

@@ -18,6 +18,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from dormant.errors import ConfigurationError, InvalidStreamId
 from dormant.messages import AssistantTurn, ItemAdapter
@@ -65,6 +66,9 @@ class StreamReader:
     after: str | None = None
     refresh_s: float = REFRESH_S
     clock: Callable[[], float] = time.monotonic
+    wall_clock: Callable[[], datetime] = field(default=lambda: datetime.now(UTC))
+    """Tells a close made long ago (its live status, if any, long in the log) from one
+    whose status may still be on its way."""
     done: bool = False
     """The ``closed`` status was delivered: the stream has ended."""
     place: tuple[int, int] = (0, 0)
@@ -205,7 +209,7 @@ class StreamReader:
         if fetched is not None and not self.done:
             _, info, closed = fetched
             if info.status is ThreadStatus.CLOSED and (closed is None or closed <= self.place):
-                if closed is None and not self._close_lost():
+                if closed is None and not self._close_lost(info):
                     return out
                 synthetic = (self.expected, CLOSED_N)
                 if closed is None and synthetic > self.place:  # the live close was lost: say it
@@ -218,9 +222,13 @@ class StreamReader:
                 self.done = True
         return out
 
-    def _close_lost(self) -> bool:
+    def _close_lost(self, info: ThreadInfo) -> bool:
         """Whether the store's close has waited ``LOST_CLOSE_AFTER_S`` for its live status;
-        until then the store is read again when that time is up."""
+        until then the store is read again when that time is up. A close older than that
+        (nobody read the thread then, so no log held its status) is lost at once."""
+        age_s = (self.wall_clock() - info.updated_at).total_seconds()
+        if age_s > LOST_CLOSE_AFTER_S:
+            return True
         now = self.clock()
         if self._close_seen_at is None:
             self._close_seen_at = now
