@@ -9,6 +9,7 @@ cases use the real server.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import sqlite3
 import subprocess
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sqlalchemy import create_engine, make_url, text
 
 from dormant.stores.sql.store import SQLStore, upgrade
 from tests.databases import empty_database
@@ -171,6 +173,31 @@ def test_a_postgres_database_that_does_not_exist_is_one_line(
     url = unmigrated_postgres.rsplit("/", 1)[0] + "/dormant_no_such_database"
     ran = run(empty_dir, "threads", "--database-url", url)
     assert_one_error_line(ran, REFUSED, "unreachable", "does not exist")
+
+
+def test_a_role_without_the_sequences_privilege_is_a_deployment_problem_exit_3(
+    empty_dir: Path, postgres_url: str
+) -> None:
+    """docs/security.md's grants without their second line (``USAGE`` on the sequences):
+    the first launch is refused by PostgreSQL, which is the deployment's to fix."""
+    role = f"dormant_cli_{secrets.token_hex(4)}"
+    admin = create_engine(make_url(postgres_url).set(drivername="postgresql+psycopg"))
+    try:
+        with admin.begin() as conn:
+            conn.execute(text(f"CREATE ROLE {role} LOGIN"))
+            conn.execute(
+                text(
+                    f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+                )
+            )
+        url = make_url(postgres_url).set(username=role).render_as_string(hide_password=False)
+        ran = run(empty_dir, "launch", "a", "hi", DORMANT_DATABASE_URL=url)
+    finally:
+        with admin.begin() as conn:
+            conn.execute(text(f"DROP OWNED BY {role}"))
+            conn.execute(text(f"DROP ROLE {role}"))
+        admin.dispose()
+    assert_one_error_line(ran, REFUSED, "lacks a privilege", "inbox_id_seq", "docs/security.md")
 
 
 # Refusals: unknown threads, calls, agents ------------------------------------------------

@@ -59,8 +59,8 @@ Exit codes (README.md, "Errors are one line"):
   2  the command line is wrong: an unknown command or option, a bad option value;
      running it again cannot help
   3  the deployment cannot serve it, nothing was done: a server is unreachable, the
-     database has no schema or is read-only, a DORMANT_* setting is invalid, the port
-     is in use; running it again later may work
+     database has no schema or is read-only, its role lacks a privilege, a DORMANT_*
+     setting is invalid, the port is in use; running it again later may work
 """
 
 # Plain Click help (rich_markup_mode=None): Typer's rich panels print "<bool>" after every

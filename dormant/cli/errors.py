@@ -11,7 +11,8 @@ Exit codes (documented in the README and ``dormant --help``):
 - 2: the command line itself is wrong (Click's usage errors): an unknown option, or a bad
   option value, checked while parsing (``options.py``). Running it again cannot help.
 - 3: the deployment cannot serve the command: a server is unreachable, the database has no
-  schema or is read-only, a ``DORMANT_*`` setting is invalid, the port is in use. Nothing
+  schema or is read-only or its role lacks a privilege, a ``DORMANT_*`` setting is
+  invalid, the port is in use. Nothing
   was done; running it again later may work.
 """
 
@@ -133,6 +134,11 @@ def _sqlalchemy(exc: BaseException) -> DormantError | None:
     detail = _first_line(str(exc.orig))
     if _is_missing_table(exc):
         return SchemaMissing(f"the database has no dormant tables ({detail})")
+    if getattr(exc.orig, "sqlstate", None) == "42501":  # PostgreSQL: insufficient_privilege
+        return ConfigurationError(
+            f"the database role lacks a privilege ({detail}): grant it as docs/security.md "
+            "shows (the tables, and USAGE on their sequences)"
+        )
     if "readonly database" in detail:  # SQLite: the file, or its directory, is not writable
         return ConfigurationError(
             f"{_sqlite_file()} is read-only for this user ({detail}): make the file and its "
