@@ -159,3 +159,62 @@ def test_a_commit_failing_after_its_guard_writes_nothing_and_quotes_no_text(
     assert after.inbox == snap.inbox and after.items == snap.items
     waiting = store.undispatched(datetime.now(UTC) + timedelta(days=1))
     assert [row for row in waiting if row.thread_id == tid] == []
+
+
+def _prepared_loads(store: SQLStore) -> list[str]:
+    """The load's statements prepared on the store's one pooled connection (the tests
+    load from one thread, so the pool lends the same connection every time)."""
+    raw = store._engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        cursor.execute("SELECT name FROM pg_prepared_statements WHERE name LIKE 'dormant_load_%%'")
+        return sorted(row[0] for row in cursor.fetchall())
+    finally:
+        raw.close()
+
+
+def test_a_load_runs_its_reads_prepared_once_on_its_connection(store: SQLStore) -> None:
+    tid = _id()
+    store.create_thread(NewThread(id=tid, agent="a", messages=[("m0", UserMessage(text="hi"), 8)]))
+    first = store.load(tid)
+    prepared = _prepared_loads(store)
+    assert len(prepared) == 4  # the thread, its items, its calls, its open inbox
+    assert store.load(tid) == first
+    text = "it's 100% done; COMMIT; \\ \U0001f600"
+    _answer(store, first, text)
+    again = store.load(tid)
+    assert [s.item for s in again.items] == [AssistantTurn(text=text)]
+    assert again == _read_one_at_a_time(store, tid)
+    assert set(prepared) <= set(_prepared_loads(store))
+
+
+def test_a_connection_that_lost_its_prepared_reads_loads_as_text_from_then_on(
+    store: SQLStore,
+) -> None:
+    tid = _id()
+    store.create_thread(NewThread(id=tid, agent="a", messages=[("m0", UserMessage(text="hi"), 8)]))
+    first = store.load(tid)
+    raw = store._engine.raw_connection()  # what DISCARD ALL or a PgBouncer does to it
+    try:
+        raw.cursor().execute("DEALLOCATE ALL")
+        raw.commit()
+    finally:
+        raw.close()
+    assert store.load(tid) == first
+    assert store.load(tid) == first
+    assert _prepared_loads(store) == []
+
+
+def test_a_read_prepared_on_the_session_by_someone_else_is_used_as_it_is(
+    store: SQLStore,
+) -> None:
+    tid = _id()
+    store.create_thread(NewThread(id=tid, agent="a", messages=[("m0", UserMessage(text="hi"), 8)]))
+    first = store.load(tid)
+    fairy = store._engine.raw_connection()  # a PgBouncer's server connection, say
+    try:
+        fairy.info.clear()  # this client has not prepared them; the session has
+    finally:
+        fairy.close()
+    assert store.load(tid) == first
+    assert len(_prepared_loads(store)) == 4

@@ -15,20 +15,34 @@ does not (another slice replaced the entry meanwhile, the thread was re-created)
 thread continues another's history (a child's, a fork's: their ancestors' items are read
 after their row, in the same snapshot), the load reads as before (``store.py``); a thread
 seen to have ancestors is remembered and read so from then on.
+
+The four reads are prepared once on each connection (a ``PREPARE`` each, the first time
+the connection reads them) and the load's query runs them by ``EXECUTE``: the server
+parses and plans each statement of a simple query every time it is sent, and for these
+four that was about two fifths of a load's 0.5 ms (docs/benchmarks.md, issue 35 part 2,
+third pass). A connection that loses them (``DISCARD ALL``, a PgBouncer that pools by
+transaction and runs the next query on another server connection) fails the ``EXECUTE``
+with "prepared statement does not exist" (or, after a migration changed a table's
+columns, "cached plan must not change result type"): that load is rolled back and read
+again as text, and that connection reads as text from then on.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import re
 import threading
 from collections import OrderedDict
 from typing import Any
 
 from sqlalchemy import Connection
+from sqlalchemy.exc import DBAPIError
 
 from dormant.errors import UnknownThread
 from dormant.stores.base import Snapshot, StoredItem, ThreadInfo
 from dormant.stores.lineage import inherits_from, next_seq, visible_history
-from dormant.stores.sql.direct import Found, plan_for, translated
+from dormant.stores.sql.direct import Found, Plan, plan_for, translated
 from dormant.stores.sql.items import ItemCache
 from dormant.stores.sql.prepared import prepared
 from dormant.stores.sql.rows import call_record, inbox_row, stored_item, thread_info
@@ -36,6 +50,16 @@ from dormant.stores.sql.rows import call_record, inbox_row, stored_item, thread_
 __all__ = ["OneTripLoads"]
 
 _BEGIN = "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"
+_PREPARED = "dormant_prepared_loads"
+"""A connection's ``info`` key: the names of the reads prepared on it, or None once it
+lost one (it then reads as text)."""
+_LOST = frozenset({"26000", "0A000"})
+"""Why an ``EXECUTE`` of a read fails where its text would not: the statement is not
+prepared on the server's session (invalid_sql_statement_name), or a migration changed the
+columns it returns ("cached plan must not change result type")."""
+_EXISTS = "42P05"
+"""PostgreSQL's duplicate_prepared_statement."""
+_PARAM = re.compile(r"%\((\w+)\)s")
 _REMEMBERED = 10_000
 """Threads remembered as having ancestors (least recently seen out first)."""
 
@@ -110,18 +134,72 @@ class _Own:
 
 
 def _read(conn: Connection, statements: list[tuple[Any, dict[str, Any]]]) -> list[Found]:
-    """Run the read-only ``statements`` in one snapshot, as one query: one round trip."""
-    from psycopg import ClientCursor
-    from psycopg.pq import ExecStatus
-
+    """Run the read-only ``statements`` in one snapshot, as one query: one round trip
+    (and one more for each statement the connection has not prepared yet)."""
     plans = [(plan_for(conn, stmt, params), params) for stmt, params in statements]
     values: dict[str, Any] = {}
     for plan, params in plans:
         for name, value in plan.bind(params).items():
             if values.setdefault(name, value) != value:
                 raise ValueError(f"two statements bind {name!r} to different values")
-    sql = ";".join([_BEGIN, *(plan.sql for plan, _ in plans), "COMMIT"])
-    raw: Any = conn.connection.dbapi_connection
+    fairy: Any = conn.connection
+    raw: Any = fairy.dbapi_connection
+    ready: set[str] | None = fairy.info.setdefault(_PREPARED, set())
+    if ready is None:
+        return _query(conn, raw, plans, [plan.sql for plan, _ in plans], values)
+    executes = [_prepare(conn, raw, plan, ready) for plan, _ in plans]
+    try:
+        return _query(conn, raw, plans, executes, values)
+    except DBAPIError as error:
+        if getattr(error.orig, "sqlstate", None) not in _LOST:
+            raise
+    raw.rollback()  # the failed EXECUTE left the query's transaction aborted
+    fairy.info[_PREPARED] = None
+    return _query(conn, raw, plans, [plan.sql for plan, _ in plans], values)
+
+
+def _prepare(conn: Connection, raw: Any, plan: Plan, ready: set[str]) -> str:
+    """``plan``'s ``EXECUTE`` on ``raw``, prepared there first if it is not yet."""
+    name, execute = _executes(plan.sql)
+    if name not in ready:
+        body = plan.sql
+        for number, param in enumerate(_params(plan.sql), start=1):
+            body = body.replace(f"%({param})s", f"${number}")
+        try:
+            raw.execute(f"PREPARE {name} AS {body.replace('%%', '%')}")
+        except conn.dialect.loaded_dbapi.Error as exc:
+            # Already there (a PgBouncer's server connection another client prepared it
+            # on): the name is its text's digest, so it is this very statement.
+            if getattr(exc, "sqlstate", None) != _EXISTS:
+                raise translated(conn, plan, {}, exc) from exc
+        ready.add(name)
+    return execute
+
+
+@functools.cache
+def _executes(sql: str) -> tuple[str, str]:
+    """The prepared name of ``sql`` (the same in every process) and its ``EXECUTE``, with
+    the driver's placeholders for its parameters."""
+    name = "dormant_load_" + hashlib.sha1(sql.encode(), usedforsecurity=False).hexdigest()[:16]
+    args = ", ".join(f"%({param})s" for param in _params(sql))
+    return name, f"EXECUTE {name}({args})" if args else f"EXECUTE {name}"
+
+
+def _params(sql: str) -> list[str]:
+    return list(dict.fromkeys(_PARAM.findall(sql)))
+
+
+def _query(
+    conn: Connection,
+    raw: Any,
+    plans: list[tuple[Plan, dict[str, Any]]],
+    statements: list[str],
+    values: dict[str, Any],
+) -> list[Found]:
+    from psycopg import ClientCursor
+    from psycopg.pq import ExecStatus
+
+    sql = ";".join([_BEGIN, *statements, "COMMIT"])
     cursor: Any = ClientCursor(raw)
     try:
         cursor.execute(sql, values)
