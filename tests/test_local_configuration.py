@@ -120,12 +120,14 @@ def test_the_database_url_comes_from_the_environment_unless_an_argument_override
     assert not (tmp_path / "dormant.db").exists()
 
 
+@pytest.mark.parametrize("command", ["callbacks", "serve"])
 def test_dormant_callbacks_accepts_the_callback_urls_a_local_system_minted_on_sqlite(
-    tmp_path: Path,
+    tmp_path: Path, command: str
 ) -> None:
     """With no ``DORMANT_SECRET_KEY``, ``dormant callbacks`` (port 8765, where the default
-    callback URLs point) verifies with the key kept beside the SQLite file, as
-    ``LocalSystem`` does: the URL a tool handed to CI is answered, not refused with 403."""
+    callback URLs point) and ``dormant serve`` verify with the key kept beside the SQLite
+    file, as ``LocalSystem`` does: the URL a tool handed to CI is answered, not refused
+    with 403 (``callbacks``) or a refusal to start (``serve``)."""
     import os
     import socket
     import subprocess
@@ -144,7 +146,7 @@ def test_dormant_callbacks_accepts_the_callback_urls_a_local_system_minted_on_sq
     env |= {"DORMANT_BROKER_URL": down, "DORMANT_REDIS_URL": down}
     dormant = Path(sys.executable).with_name("dormant")
     server = subprocess.Popen(
-        [str(dormant), "callbacks", "--port", str(port)],
+        [str(dormant), command, "--port", str(port)],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

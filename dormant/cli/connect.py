@@ -31,6 +31,7 @@ __all__ = [
     "open_client",
     "open_store",
     "redact",
+    "verifying_settings",
 ]
 
 
@@ -71,12 +72,22 @@ def open_client(agents_module: str | None = None, *, verifies_urls: bool = False
     it; with neither, a ``ConfigurationError``."""
     from dormant.cli.client import connect_client
 
-    current = env_settings()
-    url = checked_database_url(current.database_url)
     if verifies_urls:
-        check_database(url)  # no key file made beside a SQLite file that is not there
-        current = current.with_local_secret(ephemeral=False).require_secret()
+        current = verifying_settings()
+    else:
+        current = env_settings()
+        checked_database_url(current.database_url)
     return connect_client(current, agents_module, check_database=check_database)
+
+
+def verifying_settings() -> Settings:
+    """The settings of a process that answers callback URLs (``dormant callbacks``,
+    ``dormant serve``): it needs the key that signed them, ``DORMANT_SECRET_KEY`` or, on a
+    SQLite file, the key ``LocalSystem`` keeps beside it; with neither, a
+    ``ConfigurationError`` (a key of its own would verify nothing another process minted)."""
+    current = env_settings()
+    check_database(checked_database_url(current.database_url))  # no key beside a missing file
+    return current.with_local_secret(ephemeral=False).require_secret()
 
 
 def open_store(url: str | None) -> SQLStore:

@@ -1,8 +1,9 @@
 """``dormant serve``: callbacks, webhooks and health probes over uvicorn (``dormant[serve]``).
 
 It fails like every command (``cli/errors.py``): a setting it cannot start with (no
-``DORMANT_SECRET_KEY``, a bad ``DORMANT_WEBHOOK_SECRETS``, uvicorn not installed) is one
-``error:`` line and exit code 3, before it listens; so is a port it cannot listen on
+``DORMANT_SECRET_KEY`` and, on SQLite, no key beside the file; a bad
+``DORMANT_WEBHOOK_SECRETS``; uvicorn not installed) is one ``error:`` line and exit code 3,
+before it listens; so is a port it cannot listen on
 (``listen.py``). A ``--port`` out of range is a usage error (exit 2).
 """
 
@@ -23,7 +24,7 @@ def serve(
 ) -> None:
     """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS), /healthz, /readyz and the
     thread dashboard at /dormant/ui/ (DORMANT_UI_TOKEN; without it, only on 127.0.0.1)."""
-    from dormant.cli.connect import env_settings
+    from dormant.cli.connect import verifying_settings
     from dormant.cli.errors import EXIT_UNAVAILABLE, say
     from dormant.cli.listen import listening_socket
     from dormant.client import Client
@@ -38,7 +39,7 @@ def serve(
         raise ConfigurationError(
             "dormant serve needs uvicorn: pip install 'dormant[serve]'"
         ) from None
-    settings = env_settings().require_secret()
+    settings = verifying_settings()
     sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
     sock = listening_socket(host, port)
     with sock, Client.from_settings(settings) as client:
