@@ -16,10 +16,15 @@ from typer.testing import CliRunner
 
 import dormant
 import dormant.models
+from dormant import LocalSystem
 from dormant.cli import app
 from dormant.demo import run_demo
+from tests.test_cli_errors import empty_dir, migrated, run
+from tests.test_replay import AGENT, _settings
 
 runner = CliRunner()
+
+__all__ = ["empty_dir", "migrated"]  # fixtures
 
 
 def test_the_demo_runs_the_whole_scenario_on_sqlite(tmp_path: Path) -> None:
@@ -162,3 +167,18 @@ def test_check_passes_on_the_demo_database_and_fails_naming_a_stranded_message(
     assert (
         problem["thread_id"] == "thr_demo" and "(stranded) was never applied" in problem["detail"]
     )
+
+
+def test_threads_piped_prints_a_thread_a_line_however_long(
+    empty_dir: Path, migrated: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read by ``grep`` or a script (stdout not a terminal), a line is not wrapped at 80."""
+    monkeypatch.delenv("COLUMNS", raising=False)  # a width given is a width kept
+    long_id = "thr_" + "x" * 90
+    with LocalSystem([AGENT], migrated, settings=_settings()) as system:
+        system.launch("support", "order 1", thread_id=long_id)
+        system.run_until_idle()
+    ran = run(empty_dir, "threads", DORMANT_DATABASE_URL=migrated)
+    assert ran.code == 0, ran.err
+    line = next(line for line in ran.out.splitlines() if long_id in line)
+    assert "support" in line and "idle" in line, ran.out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from collections.abc import Callable, Sequence
 from contextlib import closing
 from typing import TYPE_CHECKING, Any
@@ -370,10 +371,18 @@ def _print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
 
 
+_PIPED_WIDTH = 100_000
+"""Rich's width when stdout is not a terminal and ``COLUMNS`` is unset: a record a line, as
+``grep`` and scripts read it, never wrapped at Rich's default of 80 columns."""
+
+
 def _rich(renderable: Any) -> None:
     from rich.console import Console
 
-    Console().print(renderable)
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        console = Console(width=_PIPED_WIDTH)
+    console.print(renderable)
 
 
 def _own_celery_app(command: Callable[..., None]) -> Callable[..., None]:
