@@ -142,10 +142,15 @@ class Settings:
     broker, a tool task not run this long (plus ``outbox_grace_s``) after its dispatch is
     presumed lost and re-dispatched by the sweeper (``tool_start_timeout_s`` shortens
     that for tool tasks, and a started run is tracked by its claim)."""
-    tool_claim_ttl_s: float = 30.0
+    tool_claim_ttl_s: float = 20.0
     """A running tool task renews its outbox row's claim in SQL every third of this; a
     claim not renewed this long means the run died (a killed worker), and the sweeper sends
-    the row again: lost tool work never waits for the broker's visibility timeout."""
+    the row again: lost tool work never waits for the broker's visibility timeout. A dead
+    run's claim lapses two to three thirds of this after its last renewal, so this plus a
+    sweep and the run again must fit in the 30 s within which lost work comes back
+    (``make chaos``); 30 s did not. A run whose database stays unreachable for longer than
+    two thirds of this may lose its claim and run again once it is back (a tool runs at
+    least once)."""
     tool_max_runs: int = 3
     """How many runs of one tool call may die (their worker killed, their claim lapsed)
     before the next run answers the call with an error instead of starting the tool again:

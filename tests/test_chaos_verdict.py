@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from chaos.verdict import assess
+from chaos.verdict import RECOVERY_BOUND_S, assess
 from dormant.messages import AssistantTurn, Item, ToolCall, ToolResult, UserMessage, UserText
+from dormant.settings import Settings
 from dormant.stores.base import (
     CallRecord,
     CallState,
@@ -129,3 +130,13 @@ def test_a_run_quiet_later_than_the_recovery_bound_after_its_last_fault_fails() 
     report = verdict.report(7)
     assert not verdict.ok and report.endswith("FAIL")
     assert "SLOW RECOVERY: quiet 104.0 s after the last fault ended, over the 30 s bound" in report
+
+
+def test_a_dead_tool_run_comes_back_within_the_recovery_bound_with_the_defaults() -> None:
+    """The slowest re-send with the shipped defaults: a worker killed inside a tool right
+    after renewing its claim leaves it for the whole TTL, then a sweep sends the row again,
+    and the run and its result's slice take a few seconds on a busy machine. The default
+    TTL was once 30 s: such a run quiesced 31.2 s after its last fault."""
+    defaults = Settings()
+    slowest_s = defaults.tool_claim_ttl_s + defaults.sweep_interval_s
+    assert slowest_s + 5.0 <= RECOVERY_BOUND_S
