@@ -85,9 +85,18 @@ def verifying_settings() -> Settings:
     ``dormant serve``): it needs the key that signed them, ``DORMANT_SECRET_KEY`` or, on a
     SQLite file, the key ``LocalSystem`` keeps beside it; with neither, a
     ``ConfigurationError`` (a key of its own would verify nothing another process minted)."""
+    from dormant.errors import SchemaMissing
+
     current = env_settings()
-    check_database(checked_database_url(current.database_url))  # no key beside a missing file
-    return current.with_local_secret(ephemeral=False).require_secret()
+    url = checked_database_url(current.database_url)
+    if not current.secret_keys:
+        try:
+            check_database(url)  # no key is made beside a SQLite file that is not there
+        except SchemaMissing:
+            pass  # no file, no key beside it: ``require_secret`` says what is missing
+        else:
+            current = current.with_local_secret(ephemeral=False)
+    return current.require_secret()
 
 
 def open_store(url: str | None) -> SQLStore:
