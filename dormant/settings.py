@@ -290,21 +290,24 @@ class Settings:
         """
         return self if self.secret_keys else replace(self, secret_keys=(secrets.token_hex(32),))
 
-    def with_local_secret(self, *, ephemeral: bool = True) -> Settings:
+    def with_local_secret(self, *, verify_only: bool = False) -> Settings:
         """These settings with a signing key that lives as long as the database.
 
         ``DORMANT_SECRET_KEY`` (``secret_keys``) wins. Otherwise a SQLite file gets a key
         generated once and kept beside it (``<database>.key``, mode 0600), so a callback URL
         minted before a restart still verifies after it. Other databases get a key for
         this process only (their callback URLs die with it): set ``DORMANT_SECRET_KEY``.
-        With ``ephemeral=False`` they get none (a process that only verifies URLs another
-        process minted could verify nothing with a key of its own).
+        ``verify_only`` (a process that verifies URLs another process minted: ``dormant
+        serve``, ``dormant callbacks``): only the key kept beside a SQLite file that is
+        there, else none, since a key of its own would verify nothing.
         """
         if self.secret_keys:
             return self
         path = _sqlite_file(self.database_url)
+        if verify_only and (path is None or not path.is_file()):
+            return self
         if path is None:
-            return self.with_ephemeral_secret() if ephemeral else self
+            return self.with_ephemeral_secret()
         return replace(self, secret_keys=(_key_beside(path),))
 
 

@@ -84,19 +84,10 @@ def verifying_settings() -> Settings:
     """The settings of a process that answers callback URLs (``dormant callbacks``,
     ``dormant serve``): it needs the key that signed them, ``DORMANT_SECRET_KEY`` or, on a
     SQLite file, the key ``LocalSystem`` keeps beside it; with neither, a
-    ``ConfigurationError`` (a key of its own would verify nothing another process minted)."""
-    from dormant.errors import SchemaMissing
-
+    ``ConfigurationError``."""
     current = env_settings()
-    url = checked_database_url(current.database_url)
-    if not current.secret_keys:
-        try:
-            check_database(url)  # no key is made beside a SQLite file that is not there
-        except SchemaMissing:
-            pass  # no file, no key beside it: ``require_secret`` says what is missing
-        else:
-            current = current.with_local_secret(ephemeral=False)
-    return current.require_secret()
+    checked_database_url(current.database_url)
+    return current.with_local_secret(verify_only=True).require_secret()
 
 
 def open_store(url: str | None) -> SQLStore:
