@@ -160,13 +160,10 @@ def _read(conn: Connection, statements: list[tuple[Any, dict[str, Any]]]) -> lis
 
 def _prepare(conn: Connection, raw: Any, plan: Plan, ready: set[str]) -> str:
     """``plan``'s ``EXECUTE`` on ``raw``, prepared there first if it is not yet."""
-    name, execute = _executes(plan.sql)
+    name, prepare, execute = _prepared_forms(plan.sql)
     if name not in ready:
-        body = plan.sql
-        for number, param in enumerate(_params(plan.sql), start=1):
-            body = body.replace(f"%({param})s", f"${number}")
         try:
-            raw.execute(f"PREPARE {name} AS {body.replace('%%', '%')}")
+            raw.execute(prepare)
         except conn.dialect.loaded_dbapi.Error as exc:
             # Already there (a PgBouncer's server connection another client prepared it
             # on): the name is its text's digest, so it is this very statement.
@@ -177,16 +174,17 @@ def _prepare(conn: Connection, raw: Any, plan: Plan, ready: set[str]) -> str:
 
 
 @functools.cache
-def _executes(sql: str) -> tuple[str, str]:
-    """The prepared name of ``sql`` (the same in every process) and its ``EXECUTE``, with
-    the driver's placeholders for its parameters."""
+def _prepared_forms(sql: str) -> tuple[str, str, str]:
+    """The prepared name of ``sql`` (the same in every process), its ``PREPARE`` (the
+    driver's placeholders numbered) and its ``EXECUTE`` (with the driver's placeholders)."""
     name = "dormant_load_" + hashlib.sha1(sql.encode(), usedforsecurity=False).hexdigest()[:16]
-    args = ", ".join(f"%({param})s" for param in _params(sql))
-    return name, f"EXECUTE {name}({args})" if args else f"EXECUTE {name}"
-
-
-def _params(sql: str) -> list[str]:
-    return list(dict.fromkeys(_PARAM.findall(sql)))
+    params = list(dict.fromkeys(_PARAM.findall(sql)))
+    body = sql
+    for number, param in enumerate(params, start=1):
+        body = body.replace(f"%({param})s", f"${number}")
+    args = ", ".join(f"%({param})s" for param in params)
+    execute = f"EXECUTE {name}({args})" if args else f"EXECUTE {name}"
+    return name, f"PREPARE {name} AS {body.replace('%%', '%')}", execute
 
 
 def _query(
