@@ -28,6 +28,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -41,6 +42,7 @@ from celery_agents import shared_key
 from chaos.services import OwnRedis
 from dormant.client import Client
 from dormant.settings import Settings
+from dormant.stores.base import OutboxRow
 from tests.databases import temporary_database
 
 HERE = Path(__file__).resolve().parent
@@ -264,6 +266,17 @@ class Deployment:
 
     def key(self, *parts: str) -> str:
         return shared_key(self.prefix, *parts)
+
+    @staticmethod
+    def unran(client: Client, thread_id: str) -> list[OutboxRow]:
+        """The thread's outbox rows a sweep would still dispatch, at any time from now.
+
+        Only this thread's: the session's database is shared by every deployment in the
+        run, and another test may leave rows of its own threads behind.
+        """
+        later = datetime.now(UTC) + timedelta(days=1)
+        rows = client.store.undispatched(later, limit=10_000, lost_before=later)
+        return [row for row in rows if row.thread_id == thread_id]
 
     def start_worker(
         self,

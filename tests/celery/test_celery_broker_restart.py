@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
 
 from conftest import REDIS_URL, Deployment, wait_until
 
@@ -122,4 +121,4 @@ def test_a_tool_that_kills_every_worker_it_runs_on_is_answered_after_its_last_ru
         "Error: the tool's 2 runs died before finishing (each lost its worker); not run again"
     )
     assert last.alive(), last.log()
-    assert client.store.undispatched(datetime.now(UTC) + timedelta(hours=1)) == []
+    assert d.unran(client, thread_id) == []
