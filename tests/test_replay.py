@@ -33,6 +33,7 @@ from dormant.models import ScriptedModel, call, reply
 from dormant.models.base import Completion
 from dormant.models.registry import register_provider
 from dormant.ops.check import check_store
+from dormant.replay.agent import replayed
 from dormant.replay.batch import pick_sources, replay_batch
 from dormant.replay.tools import MISS_PREFIX
 from dormant.runtime.history import WOKEN_BY_EVENT
@@ -224,6 +225,21 @@ def test_live_on_a_miss_runs_only_a_tool_declared_free_of_side_effects(
         assert "not declared side_effect_free" in results[0].content
         assert results[1].content == "3"  # run live: add(2, 1)
         assert ran == {"lookup": 1, "refund": 0, "start_job": 0, "add": 2}
+
+
+def test_a_replay_of_new_instructions_alone_runs_the_source_agents_model(
+    open_store: StoreOpener,
+) -> None:
+    with LocalSystem([AGENT], settings=_settings(), store=open_store()) as system:
+        source = _recorded(system, "order 1")
+        replay = system.replay(source, instructions="Answer in one word.")
+        info = system.thread(replay)
+        assert info.metadata["replay"]["model"] is None  # stored as none, not as ""
+        agent = replayed(AGENT, info, system.store)
+        assert agent.model is AGENT.model
+        assert agent.instructions == "Answer in one word."
+        system.run_until_idle()
+        assert _shape(_after_fork(system, replay)) == _shape(system.history(source, full=True))
 
 
 def test_stop_on_a_miss_closes_the_replay_there(open_store: StoreOpener) -> None:

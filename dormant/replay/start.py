@@ -47,7 +47,7 @@ def start_replay(
         "from_seq": from_seq,
         "fork_seq": from_seq - 1,
         "tag": tag or "",
-        "model": model or "",
+        "model": model,  # None: the source agent's own model
         "instructions": instructions,
         "tools": (tools or ReplayTools()).stored(),
         "code_version": source.code_version,
