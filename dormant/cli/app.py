@@ -43,6 +43,8 @@ from dormant.cli.versions import versions
 from dormant.cli.workers import beat, worker
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from dormant.settings import Settings
     from dormant.stores.base import QueryStore, ThreadStatus
 
@@ -404,12 +406,19 @@ def _own_celery_app(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def run_hosted(args: Sequence[str], *, prog_name: str, settings: Callable[[], Settings]) -> int:
+def run_hosted(
+    args: Sequence[str],
+    *,
+    prog_name: str,
+    settings: Callable[[], Settings],
+    celery_app: Celery | None = None,
+) -> int:
     """Run one ``dormant`` command (``args`` as typed after ``dormant``) with the settings
     the host framework supplies; its exit code. Behind ``python manage.py dormant`` and
-    ``flask dormant``, so a project's commands reach the database its web processes use."""
+    ``flask dormant``, so a project's commands reach the database its web processes use
+    and, with ``celery_app``, send their wakes through the project's Celery app."""
     typed = PROG.set(prog_name)
-    with hosted_settings(settings):
+    with hosted_settings(settings, celery_app):
         try:
             app(args=list(args), prog_name=prog_name)
         except SystemExit as done:
