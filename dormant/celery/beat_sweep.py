@@ -93,12 +93,17 @@ class SweepParts:
 
 def _agents_or_none(agents: AgentSource, settings: Settings) -> AgentRegistry | None:
     """The agents, looked up from the current directory too, as ``dormant worker`` and
-    Celery's ``-A`` do: ``dormant beat`` run beside ``myapp/`` finds ``myapp.agents``."""
+    Celery's ``-A`` do: ``dormant beat`` run beside ``myapp/`` finds ``myapp.agents``. A
+    module that cannot be loaded (not found, or raising on import: a model's key read on a
+    beat host without it) costs the idle closing, not the sweeps."""
     try:
         with cwd_in_path():
             return load_agents(agents, settings)
     except ConfigurationError as error:
         log.info("beat closes no idle threads: %s", error)
+        return None
+    except Exception as error:  # the module itself raised: sweeping needs none of it
+        log.warning("beat closes no idle threads: the agents module raised %r", error)
         return None
 
 

@@ -243,3 +243,22 @@ def test_dormant_beat_loads_an_agents_module_from_its_current_directory(
         check=d.check_alive,
     )
     assert client.thread(forgotten).closed_reason == "idle for more than 2 s"
+
+
+def test_beat_sweeps_when_its_agents_module_fails_to_import(
+    deploy: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    """Beat needs the agents only for their idle limits: an agents module that raises on
+    import there (a model key read with ``os.environ[...]`` on a beat host without it)
+    costs the idle closing, said once in the log, not every sweep (timers, re-drives)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agents_broken.py").write_text(
+        "import os\n\nKEY = os.environ['DORMANT_TEST_KEY_NOWHERE_SET']\n"
+    )
+    d = deploy(DORMANT_AGENTS="agents_broken")
+    dormant = str(Path(sys.executable).parent / "dormant")
+    beat = d._start("beat", [dormant, "beat", "-l", "info"], {}, module=False, cwd=project)
+    wait_until(lambda: sweep_began_ms(d), scaled(30), "beat's first sweep", check=d.check_alive)
+    assert "beat closes no idle threads" in beat.log()
+    assert "DORMANT_TEST_KEY_NOWHERE_SET" in beat.log()
