@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Sequence
-from contextlib import closing
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -406,6 +406,24 @@ def _own_celery_app(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
+_PROJECT_RUNS_THEM = ("worker", "beat")
+"""Commands refused under a host framework (``_own_celery_app``): its --help omits them."""
+
+
+@contextmanager
+def _hidden(names: Sequence[str]) -> Iterator[None]:
+    """The commands named ``names`` left out of ``--help`` while inside."""
+    infos = [c for c in app.registered_commands if c.callback and c.callback.__name__ in names]
+    was = [info.hidden for info in infos]
+    for info in infos:
+        info.hidden = True
+    try:
+        yield
+    finally:
+        for info, hidden in zip(infos, was, strict=True):
+            info.hidden = hidden
+
+
 def run_hosted(
     args: Sequence[str],
     *,
@@ -418,7 +436,7 @@ def run_hosted(
     ``flask dormant``, so a project's commands reach the database its web processes use
     and, with ``celery_app``, send their wakes through the project's Celery app."""
     typed = PROG.set(prog_name)
-    with hosted_settings(settings, celery_app):
+    with hosted_settings(settings, celery_app), _hidden(_PROJECT_RUNS_THEM):
         try:
             app(args=list(args), prog_name=prog_name)
         except SystemExit as done:

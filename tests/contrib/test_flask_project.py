@@ -56,6 +56,11 @@ def test_flask_dormant_runs_dormant_commands_with_the_apps_config(
     assert "celery -A <your Celery app> worker" in worker.output
     helped = runner.invoke(args=["dormant", "--help"])
     assert "Usage: flask dormant" in helped.output
+    commands = [
+        line.split()[0] for line in helped.output.split("Commands:")[1].splitlines() if line
+    ]
+    assert "threads" in commands and "launch" in commands
+    assert "worker" not in commands and "beat" not in commands  # refused here: not offered
 
 
 def test_a_mistyped_agent_is_refused_at_launch_by_the_flask_client(app: Flask) -> None:
