@@ -28,6 +28,7 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import beat_init
+from celery.utils.imports import cwd_in_path
 
 from dormant.agents import AgentRegistry, AgentSource, load_agents
 from dormant.celery.dispatch import CeleryDispatcher
@@ -91,10 +92,18 @@ class SweepParts:
 
 
 def _agents_or_none(agents: AgentSource, settings: Settings) -> AgentRegistry | None:
+    """The agents, looked up from the current directory too, as ``dormant worker`` and
+    Celery's ``-A`` do: ``dormant beat`` run beside ``myapp/`` finds ``myapp.agents``. A
+    module that cannot be loaded (not found, or raising on import: a model's key read on a
+    beat host without it) costs the idle closing, not the sweeps."""
     try:
-        return load_agents(agents, settings)
+        with cwd_in_path():
+            return load_agents(agents, settings)
     except ConfigurationError as error:
         log.info("beat closes no idle threads: %s", error)
+        return None
+    except Exception as error:  # the module itself raised: sweeping needs none of it
+        log.warning("beat closes no idle threads: the agents module raised %r", error)
         return None
 
 

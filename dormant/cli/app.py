@@ -11,8 +11,8 @@ from __future__ import annotations
 import functools
 import json
 import os
-from collections.abc import Callable, Sequence
-from contextlib import closing
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import typer
@@ -43,6 +43,8 @@ from dormant.cli.versions import versions
 from dormant.cli.workers import beat, worker
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from dormant.settings import Settings
     from dormant.stores.base import QueryStore, ThreadStatus
 
@@ -404,12 +406,37 @@ def _own_celery_app(command: Callable[..., None]) -> Callable[..., None]:
     return run
 
 
-def run_hosted(args: Sequence[str], *, prog_name: str, settings: Callable[[], Settings]) -> int:
+_PROJECT_RUNS_THEM = ("worker", "beat")
+"""Commands refused under a host framework (``_own_celery_app``): its --help omits them."""
+
+
+@contextmanager
+def _hidden(names: Sequence[str]) -> Iterator[None]:
+    """The commands named ``names`` left out of ``--help`` while inside."""
+    infos = [c for c in app.registered_commands if c.callback and c.callback.__name__ in names]
+    was = [info.hidden for info in infos]
+    for info in infos:
+        info.hidden = True
+    try:
+        yield
+    finally:
+        for info, hidden in zip(infos, was, strict=True):
+            info.hidden = hidden
+
+
+def run_hosted(
+    args: Sequence[str],
+    *,
+    prog_name: str,
+    settings: Callable[[], Settings],
+    celery_app: Celery | None = None,
+) -> int:
     """Run one ``dormant`` command (``args`` as typed after ``dormant``) with the settings
     the host framework supplies; its exit code. Behind ``python manage.py dormant`` and
-    ``flask dormant``, so a project's commands reach the database its web processes use."""
+    ``flask dormant``, so a project's commands reach the database its web processes use
+    and, with ``celery_app``, send their wakes through the project's Celery app."""
     typed = PROG.set(prog_name)
-    with hosted_settings(settings):
+    with hosted_settings(settings, celery_app), _hidden(_PROJECT_RUNS_THEM):
         try:
             app(args=list(args), prog_name=prog_name)
         except SystemExit as done:

@@ -53,6 +53,11 @@ def connect_client(
     if module:
         with cwd_importable():
             agents = AgentRegistry.from_module(module)
+    from dormant.cli.connect import hosted_celery_app
+
+    celery_app = hosted_celery_app()
+    if celery_app is not None:  # the project's own: the broker its workers read
+        return CommandClient.from_celery(celery_app, settings, agents=agents)
     return CommandClient.from_settings(settings, agents=agents)
 
 

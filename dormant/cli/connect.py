@@ -17,6 +17,8 @@ from dormant.cli.errors import DATABASE_URL
 from dormant.settings import redact
 
 if TYPE_CHECKING:
+    from celery import Celery
+
     from dormant.client import Client
     from dormant.settings import Settings
     from dormant.stores.sql.store import SQLStore
@@ -26,6 +28,7 @@ __all__ = [
     "check_schema",
     "checked_database_url",
     "env_settings",
+    "hosted_celery_app",
     "hosted_settings",
     "is_hosted",
     "open_client",
@@ -38,17 +41,29 @@ __all__ = [
 _HOST_SETTINGS: ContextVar[Callable[[], Settings] | None] = ContextVar(
     "dormant_host_settings", default=None
 )
+_HOST_CELERY_APP: ContextVar[Celery | None] = ContextVar("dormant_host_celery_app", default=None)
 
 
 @contextmanager
-def hosted_settings(settings: Callable[[], Settings]) -> Iterator[None]:
+def hosted_settings(
+    settings: Callable[[], Settings], celery_app: Celery | None = None
+) -> Iterator[None]:
     """Commands run inside take their settings from ``settings`` (Django's or Flask's),
-    not from the process environment."""
+    not from the process environment; with ``celery_app`` (the project's own), their wakes
+    go through it, as the web processes' do: its broker transport options (a
+    ``global_keyprefix``, Sentinel's ``master_name``, TLS) are the ones the workers read."""
     token = _HOST_SETTINGS.set(settings)
+    app_token = _HOST_CELERY_APP.set(celery_app)
     try:
         yield
     finally:
+        _HOST_CELERY_APP.reset(app_token)
         _HOST_SETTINGS.reset(token)
+
+
+def hosted_celery_app() -> Celery | None:
+    """The host project's Celery app, where a command runs under one (``hosted_settings``)."""
+    return _HOST_CELERY_APP.get()
 
 
 def is_hosted() -> bool:

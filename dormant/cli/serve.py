@@ -24,7 +24,7 @@ def serve(
 ) -> None:
     """Serve callback URLs, webhooks (DORMANT_WEBHOOK_SECRETS), /healthz, /readyz and the
     thread dashboard at /dormant/ui/ (DORMANT_UI_TOKEN; without it, only on 127.0.0.1)."""
-    from dormant.cli.connect import verifying_settings
+    from dormant.cli.connect import hosted_celery_app, verifying_settings
     from dormant.cli.errors import EXIT_UNAVAILABLE, say
     from dormant.cli.listen import listening_socket
     from dormant.client import Client
@@ -42,7 +42,13 @@ def serve(
     settings = verifying_settings()
     sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
     sock = listening_socket(host, port)
-    with sock, Client.from_settings(settings) as client:
+    celery_app = hosted_celery_app()  # under flask/manage.py: the project's own broker
+    made = (
+        Client.from_settings(settings)
+        if celery_app is None
+        else Client.from_celery(celery_app, settings)
+    )
+    with sock, made as client:
         dashboard = serve_dashboard(client, host)
         app = asgi_app(client, WebhookReceiver(client, sources), dashboard)
         # No access log: webhook and callback URLs carry tokens, which must not land in logs.

@@ -120,6 +120,10 @@ class Dormant:
     def settings(self, app: Flask | None = None) -> Settings:
         return self._state(app).settings
 
+    def celery_app(self, app: Flask | None = None) -> Celery | None:
+        """The Celery app given to ``init_app``, if any."""
+        return self._state(app).celery_app
+
     def client(self, app: Flask | None = None) -> Client:
         """The app's ``Client`` (built on first use, shared by its requests)."""
         state = self._state(app)
@@ -194,7 +198,12 @@ def _dormant_command(extension: Dormant) -> click.Command:
         from dormant.cli.app import run_hosted
 
         app = current_app._get_current_object()  # type: ignore[attr-defined]
-        code = run_hosted(args, prog_name="flask dormant", settings=lambda: extension.settings(app))
+        code = run_hosted(
+            args,
+            prog_name="flask dormant",
+            settings=lambda: extension.settings(app),
+            celery_app=extension.celery_app(app),  # wakes go where the app's workers read
+        )
         if code:
             raise SystemExit(code)
 

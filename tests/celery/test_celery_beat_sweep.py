@@ -12,9 +12,11 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -214,3 +216,49 @@ def test_beat_closes_a_thread_idle_past_its_agents_limit(
     assert closed.closed_reason == "idle for more than 2 s"
     assert client.history(forgotten)[-1] == AssistantTurn(text="seen 1")
     assert client.thread(kept).status is ThreadStatus.IDLE
+
+
+def test_dormant_beat_loads_an_agents_module_from_its_current_directory(
+    deploy: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    """``dormant beat`` run where the agents module lives (``DORMANT_AGENTS=agents_here``,
+    nothing on ``PYTHONPATH`` for it) finds it as ``dormant worker`` does, like Celery's
+    ``-A``: it enforces the agents' idle limits instead of logging that it closes none."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agents_here.py").write_text("from celery_agents import echo, forgetful\n")
+    d = deploy(DORMANT_AGENTS="agents_here")
+    dormant = str(Path(sys.executable).parent / "dormant")  # the console script: no "" path
+    worker = d._start(
+        "w1", [dormant, "worker", "-l", "info"], {"TEST_WORKER_ID": "w1"}, module=False, cwd=project
+    )
+    d._start("beat", [dormant, "beat", "-l", "info"], {}, module=False, cwd=project)
+    d.wait_ready(worker)
+    client = d.client()
+    forgotten = client.launch("forgetful", "hello")
+    wait_until(
+        lambda: client.thread(forgotten).status is ThreadStatus.CLOSED,
+        scaled(30),
+        "beat to close the idle thread",
+        check=d.check_alive,
+    )
+    assert client.thread(forgotten).closed_reason == "idle for more than 2 s"
+
+
+def test_beat_sweeps_when_its_agents_module_fails_to_import(
+    deploy: Callable[..., Deployment], tmp_path: Path
+) -> None:
+    """Beat needs the agents only for their idle limits: an agents module that raises on
+    import there (a model key read with ``os.environ[...]`` on a beat host without it)
+    costs the idle closing, said once in the log, not every sweep (timers, re-drives)."""
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "agents_broken.py").write_text(
+        "import os\n\nKEY = os.environ['DORMANT_TEST_KEY_NOWHERE_SET']\n"
+    )
+    d = deploy(DORMANT_AGENTS="agents_broken")
+    dormant = str(Path(sys.executable).parent / "dormant")
+    beat = d._start("beat", [dormant, "beat", "-l", "info"], {}, module=False, cwd=project)
+    wait_until(lambda: sweep_began_ms(d), scaled(30), "beat's first sweep", check=d.check_alive)
+    assert "beat closes no idle threads" in beat.log()
+    assert "DORMANT_TEST_KEY_NOWHERE_SET" in beat.log()

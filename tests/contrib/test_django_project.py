@@ -10,8 +10,16 @@ import sys
 from pathlib import Path
 
 import pytest
+import redis
 
-from tests.contrib.projects import ROOT, Project, database_exists, doc_files, postgres_database
+from tests.contrib.projects import (
+    REDIS_URL,
+    ROOT,
+    Project,
+    database_exists,
+    doc_files,
+    postgres_database,
+)
 
 pytest.importorskip("django")
 pytestmark = pytest.mark.timeout(600)  # each command starts Django on a busy machine
@@ -121,4 +129,73 @@ try:
     dormant.contrib.django.dormant_client(app).launch_on_commit("suport", "hi")
 except UnknownAgent as error:
     print("refused:", error)
+"""
+
+
+def test_manage_py_dormant_launch_wakes_the_thread_through_the_projects_celery_app(
+    tmp_path: Path,
+) -> None:
+    """``manage.py dormant launch`` sends its wake through the Celery app ``install`` was
+    given, with the broker options its workers read (here a ``global_keyprefix``), not
+    through a Celery app of its own built from ``CELERY_BROKER_URL`` alone."""
+    prefix = f"ddj{secrets.token_hex(5)}"
+    thread_id = f"thr_{prefix}"
+    (tmp_path / "myagents.py").write_text(
+        "from dormant import Agent\n\nsupport = Agent('support', model='openai:gpt-4.1-mini')\n"
+    )
+    project = Project(
+        tmp_path, {"TEST_PREFIX": prefix, "TEST_THREAD": thread_id, "TEST_REDIS": REDIS_URL}
+    )
+    keys = redis.Redis.from_url(REDIS_URL)
+    try:
+        assert thread_id in project.run(sys.executable, "-c", _LAUNCH_FROM_MANAGE_PY)
+        assert _queued_for(keys, f"{prefix}:dormant.interactive*", thread_id)
+        assert not _queued_for(keys, "dormant.interactive*", thread_id)
+    finally:
+        for key in _queued_for(keys, "dormant.interactive*", thread_id):  # a shared Redis
+            for raw in keys.lrange(key, 0, -1):
+                if thread_id.encode() in raw:
+                    keys.lrem(key, 1, raw)
+        found = list(keys.scan_iter(match=f"{prefix}*", count=1000))
+        if found:
+            keys.delete(*found)
+        keys.close()
+
+
+def _queued_for(keys: redis.Redis, pattern: str, thread_id: str) -> list[bytes]:
+    """The broker lists matching ``pattern`` that hold a message for ``thread_id``."""
+    return [
+        key
+        for key in keys.scan_iter(match=pattern, count=1000)
+        if keys.type(key) == b"list"
+        and any(thread_id.encode() in raw for raw in keys.lrange(key, 0, -1))
+    ]
+
+
+_LAUNCH_FROM_MANAGE_PY = """
+import os
+
+import django
+from django.conf import settings
+
+prefix = os.environ["TEST_PREFIX"]
+settings.configure(
+    INSTALLED_APPS=["dormant.contrib.django"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": "shop.db"}},
+    CELERY_BROKER_URL=os.environ["TEST_REDIS"],
+    DORMANT={"AGENTS": "myagents", "SECRET_KEY": "s", "KEY_PREFIX": prefix},
+)
+django.setup()
+
+from celery import Celery
+from django.core.management import call_command
+
+import dormant.contrib.django
+
+app = Celery("proj")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.conf.broker_transport_options = {"global_keyprefix": f"{prefix}:"}
+dormant.contrib.django.install(app)
+call_command("migrate", verbosity=0)
+call_command("dormant", "launch", "support", "hi", "--thread-id", os.environ["TEST_THREAD"])
 """

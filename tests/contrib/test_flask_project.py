@@ -56,6 +56,11 @@ def test_flask_dormant_runs_dormant_commands_with_the_apps_config(
     assert "celery -A <your Celery app> worker" in worker.output
     helped = runner.invoke(args=["dormant", "--help"])
     assert "Usage: flask dormant" in helped.output
+    commands = [
+        line.split()[0] for line in helped.output.split("Commands:")[1].splitlines() if line
+    ]
+    assert "threads" in commands and "launch" in commands
+    assert "worker" not in commands and "beat" not in commands  # refused here: not offered
 
 
 def test_a_mistyped_agent_is_refused_at_launch_by_the_flask_client(app: Flask) -> None:
@@ -131,3 +136,55 @@ def test_a_launch_through_the_flask_client_keeps_its_budget(app: Flask) -> None:
             "max_tokens": 1000,
             "max_cost": None,
         }
+
+
+def _queued_for(keys: redis.Redis, pattern: str, thread_id: str) -> list[bytes]:
+    """The broker lists matching ``pattern`` that hold a message for ``thread_id``."""
+    return [
+        key
+        for key in keys.scan_iter(match=pattern, count=1000)
+        if keys.type(key) == b"list"
+        and any(thread_id.encode() in raw for raw in keys.lrange(key, 0, -1))
+    ]
+
+
+def test_flask_dormant_launch_wakes_the_thread_through_the_apps_celery_broker(
+    tmp_path: Path,
+) -> None:
+    """``flask dormant launch`` sends its wake through the app's Celery app, with the
+    broker options its workers read (here a ``global_keyprefix``), not through a Celery
+    app of its own built from the broker URL alone, whose wake no worker would consume."""
+    from celery import Celery
+
+    prefix = f"dfl{secrets.token_hex(5)}"
+    celery_app = Celery("shop")
+    celery_app.conf.broker_url = REDIS_URL
+    celery_app.conf.broker_transport_options = {"global_keyprefix": f"{prefix}:"}
+    app = Flask("shop")
+    app.config.from_mapping(
+        SQLALCHEMY_DATABASE_URI=f"sqlite:///{tmp_path / 'shop.db'}",
+        DORMANT={"SECRET_KEY": "s3cret", "KEY_PREFIX": prefix},
+    )
+    Dormant(app, celery_app=celery_app, agents=[_support()])
+    runner = app.test_cli_runner()
+    keys = redis.Redis.from_url(REDIS_URL)
+    thread_id = f"thr_{prefix}"
+    try:
+        assert runner.invoke(args=["dormant", "db", "upgrade"]).exit_code == 0
+        launched = runner.invoke(
+            args=["dormant", "launch", "support", "hi", "--thread-id", thread_id]
+        )
+        assert launched.exit_code == 0, launched.output
+        assert launched.output.strip() == thread_id
+        assert _queued_for(keys, f"{prefix}:dormant.interactive*", thread_id)
+        assert not _queued_for(keys, "dormant.interactive*", thread_id)
+    finally:
+        for key in _queued_for(keys, "dormant.interactive*", thread_id):  # a shared Redis
+            for raw in keys.lrange(key, 0, -1):
+                if thread_id.encode() in raw:
+                    keys.lrem(key, 1, raw)
+        found = list(keys.scan_iter(match=f"{prefix}*", count=1000))
+        if found:
+            keys.delete(*found)
+        keys.close()
+        celery_app.close()

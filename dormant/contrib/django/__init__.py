@@ -41,6 +41,7 @@ __all__ = [
     "database_url",
     "dormant_client",
     "install",
+    "installed_app",
     "settings",
     "stream_response",
 ]
@@ -100,6 +101,14 @@ def install(celery_app: Celery, agents: AgentSource = None) -> None:
 
     _CLIENTS.agents_of[celery_app] = agents
     install_worker(celery_app, agents, settings=lambda: settings(celery_app))
+
+
+def installed_app() -> Celery | None:
+    """The Celery app ``install`` was given in this process (the project's
+    ``proj/celery.py``, imported with its package), or None when there is none or several:
+    ``python manage.py dormant`` sends through it, as the project's web processes do."""
+    apps = list(_CLIENTS.agents_of.keys())
+    return apps[0] if len(apps) == 1 else None
 
 
 def dormant_client(celery_app: Celery) -> Client:

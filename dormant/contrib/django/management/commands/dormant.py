@@ -66,6 +66,9 @@ def _without_django_options(args: list[str]) -> list[str]:
 
 def _run(args: list[str], prog_name: str) -> int:
     from dormant.cli.app import run_hosted
-    from dormant.contrib.django import settings
+    from dormant.contrib.django import installed_app, settings
 
-    return run_hosted(args, prog_name=prog_name, settings=settings)
+    celery_app = installed_app()  # the project's (proj/celery.py): its broker options
+    return run_hosted(
+        args, prog_name=prog_name, settings=lambda: settings(celery_app), celery_app=celery_app
+    )
