@@ -393,14 +393,14 @@ def _own_celery_app(command: Callable[..., None]) -> Callable[..., None]:
 
     @functools.wraps(command)
     def run(*args: Any, **kwargs: Any) -> None:
-        if is_hosted():
-            from dormant.errors import ConfigurationError
-
-            raise ConfigurationError(
-                f"here {command.__name__} is your project's Celery app's: run "
-                f"`celery -A <your Celery app> {command.__name__}` "
-                "(docs/django.md, docs/flask.md)"
+        if is_hosted():  # a wrong command line (exit 2): typing it again cannot help
+            name = command.__name__
+            say(
+                f"error: `{PROG.get()} {name}` is not run: your project's {name} is its own "
+                f"Celery app's, which runs its tasks and reads its Celery settings; run "
+                f"`celery -A <your Celery app> {name}` (docs/django.md, docs/flask.md)"
             )
+            raise typer.Exit(2)
         command(*args, **kwargs)
 
     return run
