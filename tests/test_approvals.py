@@ -288,21 +288,6 @@ def test_user_text_interrupts_a_held_call_and_closes_its_approval(store: Store) 
     assert not any(name == "refund" for name, _ in RAN)
 
 
-def test_a_decision_on_a_closed_threads_call_names_the_close(store: Store) -> None:
-    """Closing the thread answers its held call; a decision after it was refused with
-    "already decided (the call is answered)", though nobody decided: it now says the
-    thread was closed first, and why."""
-    h, _ = _harness(store, _refund_and_lookup())
-    t = h.launch("clerk", "refund o1")
-    h.settle(t)
-    h.close_thread(t, reason="the customer left")
-    with pytest.raises(AlreadyDecided) as refused:
-        h.approve(t, "c_refund", by="alice")
-    assert "the thread was closed first: the customer left" in str(refused.value)
-    assert [r.call_id for r in results(h.history(t)) if r.call_id == "c_refund"] == ["c_refund"]
-    assert not any(name == "refund" for name, _ in RAN)
-
-
 def test_the_model_never_sees_approval_items(store: Store) -> None:
     h, model = _harness(store, _refund_and_lookup())
     t = h.launch("clerk", "refund o1")
