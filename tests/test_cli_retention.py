@@ -85,6 +85,15 @@ def test_quarantine_prints_whole_ids_that_retry_takes_in_an_80_column_terminal(
     store.close()
 
 
+def test_retry_without_a_thread_asks_for_one_and_does_not_say_not_both(url: str) -> None:
+    """``dormant retry`` alone said "give a THREAD or --status stalled, not both", as if
+    both had been given."""
+    neither = runner.invoke(app, ["retry", "--database-url", url])
+    assert neither.exit_code == 2
+    assert "give a THREAD, or --status stalled" in neither.output
+    assert "not both" not in neither.output
+
+
 def test_prune_counts_in_a_dry_run_then_deletes_in_batches(url: str) -> None:
     store = SQLStore(url)
     gone = new_thread(store).id

@@ -66,7 +66,10 @@ def retry(
     """
     from dormant.cli.connect import open_store
 
-    if (thread_id is None) == (status is None):
+    if thread_id is None and status is None:
+        why = "give a THREAD, or --status stalled for every stalled thread"
+        raise typer.BadParameter(why, param_hint="THREAD")
+    if thread_id is not None and status is not None:
         raise typer.BadParameter("give a THREAD or --status stalled, not both", param_hint="THREAD")
     if status is not None and status != "stalled":
         why = f"{status!r}: only 'stalled' threads are re-driven in bulk"
