@@ -91,8 +91,13 @@ class SweepParts:
 
 
 def _agents_or_none(agents: AgentSource, settings: Settings) -> AgentRegistry | None:
+    """The agents, for their idle limits; like ``dormant worker`` (and ``celery -A``), the
+    module is looked up from the current directory too (``/app``, ``/opt/dormant``)."""
+    from celery.utils.imports import cwd_in_path
+
     try:
-        return load_agents(agents, settings)
+        with cwd_in_path():
+            return load_agents(agents, settings)
     except ConfigurationError as error:
         log.info("beat closes no idle threads: %s", error)
         return None

@@ -309,14 +309,20 @@ class Deployment:
         return self._start(name, argv, {"TEST_WORKER_ID": name}, module=False)
 
     def _start(
-        self, name: str, argv: list[str], env: dict[str, str], *, module: bool = True
+        self,
+        name: str,
+        argv: list[str],
+        env: dict[str, str],
+        *,
+        module: bool = True,
+        cwd: Path | None = None,
     ) -> Proc:
         log_path = self.log_dir / f"{name}.log"
         with log_path.open("wb") as log:
             popen = subprocess.Popen(
                 [sys.executable, *(["-m", "celery"] if module else []), *argv],
                 env={**os.environ, **self.env, **env},
-                cwd=ROOT,
+                cwd=cwd or ROOT,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )

@@ -12,9 +12,12 @@ from __future__ import annotations
 import base64
 import itertools
 import json
+import os
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -214,3 +217,31 @@ def test_beat_closes_a_thread_idle_past_its_agents_limit(
     assert closed.closed_reason == "idle for more than 2 s"
     assert client.history(forgotten)[-1] == AssistantTurn(text="seen 1")
     assert client.thread(kept).status is ThreadStatus.IDLE
+
+
+def test_dormant_beat_loads_the_agents_module_from_its_working_directory(
+    deploy: Callable[..., Deployment], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/deploy.md runs every process where the agents module is (``/app``,
+    ``/opt/dormant``), found there as ``celery -A`` finds it. ``dormant worker`` did;
+    ``dormant beat`` logged "beat closes no idle threads: cannot import agents module" and
+    left idle threads open for ever."""
+    (tmp_path / "walk_cwd_agents.py").write_text("from celery_agents import echo, forgetful\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # this process's client, as the worker's
+    d = deploy(DORMANT_AGENTS="walk_cwd_agents")
+    path = os.pathsep.join([str(tmp_path), d.env["PYTHONPATH"]])
+    worker = d.start_worker("w1", env={"PYTHONPATH": path})
+    # The installed console script: unlike ``python -c``, it puts no directory of the
+    # working one on the module path.
+    dormant = str(Path(sys.executable).with_name("dormant"))
+    beat = d._start("beat", [dormant, "beat", "-l", "info"], {}, module=False, cwd=tmp_path)
+    d.wait_ready(worker)
+    client = d.client()
+    forgotten = client.launch("forgetful", "hello")
+    wait_until(
+        lambda: client.thread(forgotten).status is ThreadStatus.CLOSED,
+        scaled(30),
+        "beat, run in the agents module's directory, to close the idle thread",
+        check=d.check_alive,
+    )
+    assert "closes no idle threads" not in beat.log_path.read_text()
