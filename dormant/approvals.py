@@ -33,7 +33,15 @@ from dormant.http.tokens import approval_link
 from dormant.messages import ApprovalDecision, ApprovalRequest, Inbound
 from dormant.runtime.approvals import DECISION_PREFIX, decision_id, request_id
 from dormant.settings import Settings
-from dormant.stores.base import CallRecord, CallState, Priority, QueryStore, Store, ThreadInfo
+from dormant.stores.base import (
+    CallRecord,
+    CallState,
+    Priority,
+    QueryStore,
+    Store,
+    ThreadInfo,
+    ThreadStatus,
+)
 from dormant.tools.approval import Approval, ApprovalContext
 from dormant.tools.outcomes import Notified
 
@@ -169,6 +177,15 @@ def _queued(store: QueryStore, thread_id: str, call_id: str) -> str | None:
     return None
 
 
+def _settled(store: QueryStore, thread_id: str, call: CallRecord) -> str:
+    """How a call nobody decided on stopped waiting: its thread's close, or its state."""
+    thread = store.thread(thread_id)
+    if thread.status is ThreadStatus.CLOSED:
+        why = f": {thread.closed_reason}" if thread.closed_reason else ""
+        return f"the thread was closed first{why}"
+    return f"the call is {call.state.value}"
+
+
 def build_decision(
     store: QueryStore,
     agents: AgentRegistry | None,
@@ -194,7 +211,7 @@ def build_decision(
     if made is not None:
         raise AlreadyDecided(thread_id, call_id, made)
     if call.state is not CallState.PENDING:
-        raise AlreadyDecided(thread_id, call_id, f"the call is {call.state.value}")
+        raise AlreadyDecided(thread_id, call_id, _settled(store, thread_id, call))
     if digest is not None and digest != request.digest:
         raise DigestMismatch(thread_id, call_id, digest, request.digest)
     if decision not in request.decisions:

@@ -143,6 +143,21 @@ def test_a_write_command_never_creates_a_missing_sqlite_file(empty_dir: Path) ->
     assert_one_error_line(ran, REFUSED, "no SQLite database at 'sub/x.db'")
 
 
+def test_db_upgrade_into_a_missing_directory_names_the_directory(
+    empty_dir: Path, tmp_path: Path
+) -> None:
+    """docs/deploy.md's ``dormant db upgrade`` on a SQLite file: a missing directory was
+    "the database is unreachable: unable to open database file", as if a server were down."""
+    missing = tmp_path / "whdoc"
+    ran = run(empty_dir, "db", "upgrade", DORMANT_DATABASE_URL=f"sqlite:///{missing}/dormant.db")
+    assert_one_error_line(ran, REFUSED, f"its directory '{missing}' does not exist")
+    assert not missing.exists()
+    missing.mkdir()
+    ran = run(empty_dir, "db", "upgrade", DORMANT_DATABASE_URL=f"sqlite:///{missing}/dormant.db")
+    assert ran.code == 0
+    assert ran.out == f"schema of sqlite:///{missing}/dormant.db is up to date\n"
+
+
 def test_an_unmigrated_sqlite_file_asks_for_db_upgrade(empty_dir: Path, tmp_path: Path) -> None:
     blank = tmp_path / "blank.db"
     blank.touch()

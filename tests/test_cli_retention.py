@@ -66,6 +66,34 @@ def test_a_quarantine_reason_in_brackets_is_shown_as_written(url: str) -> None:
     store.close()
 
 
+def test_quarantine_prints_whole_ids_that_retry_takes_in_an_80_column_terminal(
+    url: str,
+) -> None:
+    """The table cut a thread's and a message's generated ids to ``thr_160b81047f…`` and
+    ``msg_425eae6d1e…`` at 80 columns: nothing an operator could give ``dormant retry``."""
+    store = SQLStore(url)
+    t = new_thread(store).id
+    message_id = "msg_425eae6d1e054e2397f276b83df072fc"
+    bad = enqueue(store, t, "poison", message_id=message_id)
+    store.quarantine(t, bad.id, "quarantined after 3 failed slices: ModelFatal: " + "x" * 120)
+    listed = runner.invoke(app, ["quarantine", "--database-url", url], env={"COLUMNS": "80"})
+    assert listed.exit_code == 0, listed.output
+    assert f"{t} {message_id}" in listed.output
+    assert "ModelFatal: " + "x" * 120 in listed.output
+    retried = runner.invoke(app, ["retry", t, message_id, "--database-url", url])
+    assert retried.exit_code == 0, retried.output
+    store.close()
+
+
+def test_retry_without_a_thread_asks_for_one_and_does_not_say_not_both(url: str) -> None:
+    """``dormant retry`` alone said "give a THREAD or --status stalled, not both", as if
+    both had been given."""
+    neither = runner.invoke(app, ["retry", "--database-url", url])
+    assert neither.exit_code == 2
+    assert "give a THREAD, or --status stalled" in neither.output
+    assert "not both" not in neither.output
+
+
 def test_prune_counts_in_a_dry_run_then_deletes_in_batches(url: str) -> None:
     store = SQLStore(url)
     gone = new_thread(store).id

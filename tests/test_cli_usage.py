@@ -100,6 +100,27 @@ def test_show_prints_usage_and_the_stop_and_raise_budget_resumes(url: str) -> No
     store.close()
 
 
+def test_a_raised_limit_on_the_agents_budget_says_the_others_are_the_agents(url: str) -> None:
+    """``raise-budget --max-tokens`` on a thread under its agent's budget stores only
+    ``max_tokens``; ``show`` then said "budget max_tokens=400000" and ``raise-budget``
+    "{'max_tokens': 400000}", while the agent's per-message cap still stopped the thread.
+    Both now say the limits not raised are the agent's."""
+    store = SQLStore(url)
+    h = Harness(loop_agent(Budget(max_completions_per_message=3)), store=store)
+    t = h.launch("looper", "go")
+    run_until_stopped(h, t)
+    raise_tokens = ["raise-budget", t, "--max-tokens", "400000", "--database-url", url]
+    raised = runner.invoke(app, raise_tokens)
+    assert raised.exit_code == 0, raised.output
+    said = f"budget of {t}: max_tokens=400000; the agent's max_completions_per_message, max_cost"
+    assert said in raised.output
+    shown = runner.invoke(app, ["show", t, "--database-url", url])
+    assert "budget max_tokens=400000; the agent's max_completions_per_message, max_cost" in (
+        shown.output
+    )
+    store.close()
+
+
 def test_since_takes_an_age_or_an_iso_time() -> None:
     now = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
     assert parse_since("90m", now) == now - timedelta(minutes=90)

@@ -19,6 +19,7 @@ import typer
 
 from dormant.cli.approvals import approvals
 from dormant.cli.connect import (
+    check_sqlite_directory,
     checked_database_url,
     env_settings,
     hosted_settings,
@@ -122,6 +123,7 @@ def db_upgrade(database_url: str | None = DatabaseOption) -> None:
 
     settings = env_settings()
     url = checked_database_url(database_url or settings.database_url)
+    check_sqlite_directory(url)
     upgrade(url, table_prefix=settings.table_prefix)
     prefix = f" (tables prefixed {settings.table_prefix!r})" if settings.table_prefix else ""
     typer.echo(f"schema of {redact(url)} is up to date{prefix}")

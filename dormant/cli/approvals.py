@@ -38,7 +38,15 @@ _AGENTS_HELP = "Module defining the agents (default DORMANT_AGENTS): an edit is 
 
 
 def _by(value: str | None) -> str:
-    return value or getpass.getuser()
+    """``--by``, else the login name; a process with none (a container run as a uid that
+    has no name, without ``USER``) is asked for ``--by``."""
+    if value:
+        return value
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError) as error:  # OSError from Python 3.13 on
+        why = f"no login name to record as the decider ({error}): give --by NAME"
+        raise typer.BadParameter(why, param_hint="--by") from None
 
 
 def _record(p: PendingApproval) -> dict[str, Any]:
@@ -114,9 +122,10 @@ def approve(
     """Run the held call with its stored arguments."""
     from dormant.cli.connect import open_client
 
+    decider = _by(by)
     with open_client() as client:
         made = client.approve(
-            thread_id, call_id, by=_by(by), digest=digest, reason=reason, channel="cli"
+            thread_id, call_id, by=decider, digest=digest, reason=reason, channel="cli"
         )
     _said(made, thread_id)
 
@@ -133,9 +142,10 @@ def reject(
     """Answer the held call with an error naming you and your reason; it never runs."""
     from dormant.cli.connect import open_client
 
+    decider = _by(by)
     with open_client() as client:
         made = client.reject(
-            thread_id, call_id, by=_by(by), digest=digest, reason=reason, channel="cli"
+            thread_id, call_id, by=decider, digest=digest, reason=reason, channel="cli"
         )
     _said(made, thread_id)
 
@@ -162,8 +172,9 @@ def edit(
         raise typer.BadParameter(f"not JSON: {error}", param_hint="ARGS") from error
     if not isinstance(new_args, dict):
         raise typer.BadParameter("must be a JSON object", param_hint="ARGS")
+    decider = _by(by)
     with open_client(agents) as client:
         made = client.edit(
-            thread_id, call_id, new_args, by=_by(by), digest=digest, reason=reason, channel="cli"
+            thread_id, call_id, new_args, by=decider, digest=digest, reason=reason, channel="cli"
         )
     _said(made, thread_id)

@@ -172,3 +172,26 @@ def check_database(url: str) -> None:
         return  # SQLite URI filenames (mode=ro...) say themselves what may be created
     if not Path(path).is_file():
         raise SchemaMissing(f"there is no SQLite database at {path!r}")
+
+
+def check_sqlite_directory(url: str) -> None:
+    """Refuse a SQLite file whose directory does not exist, naming the directory: SQLite
+    itself says only "unable to open database file", which reads as a server down."""
+    from pathlib import Path
+
+    from sqlalchemy.engine import make_url
+
+    from dormant.errors import ConfigurationError
+
+    parsed = make_url(url)
+    path = parsed.database or ""
+    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
+        return
+    if parsed.query.get("uri") or path.startswith("file:"):
+        return
+    directory = Path(path).parent
+    if not directory.is_dir():
+        raise ConfigurationError(
+            f"cannot create the SQLite database {path!r}: its directory {str(directory)!r} "
+            "does not exist (create it first)"
+        )

@@ -27,11 +27,11 @@ def quarantine(
     limit: int = typer.Option(100, min=1, help="How many messages to list."),
     database_url: str | None = DatabaseOption,
 ) -> None:
-    """Quarantined (poison) messages of every thread, with why; `retry` puts them back."""
-    from rich.console import Console
-    from rich.table import Table
-    from rich.text import Text
+    """Quarantined (poison) messages of every thread, with why; `retry` puts them back.
 
+    One line per message: THREAD MESSAGE (the ids `dormant retry THREAD [MESSAGE]` takes,
+    whole), its kind and since when; then the reason, indented.
+    """
     from dormant.cli.connect import open_store
 
     with closing(open_store(database_url)) as store:
@@ -39,17 +39,10 @@ def quarantine(
     if not rows:
         typer.echo("no quarantined messages")
         return
-    table = Table("thread", "message", "kind", "since", "reason")
     for row in rows:
-        cells = (
-            row.thread_id,
-            row.message_id,
-            row.message.kind,
-            f"{row.created_at:%Y-%m-%d %H:%M:%S}",
-            row.reason,
-        )
-        table.add_row(*map(Text, cells))  # ids and errors, never markup: `[Errno 111]`
-    Console().print(table)
+        since = f"{row.created_at:%Y-%m-%d %H:%M:%S}"
+        typer.echo(f"{row.thread_id} {row.message_id}  {row.message.kind}, since {since}")
+        typer.echo(f"    {row.reason}")
 
 
 def retry(
@@ -73,7 +66,10 @@ def retry(
     """
     from dormant.cli.connect import open_store
 
-    if (thread_id is None) == (status is None):
+    if thread_id is None and status is None:
+        why = "give a THREAD, or --status stalled for every stalled thread"
+        raise typer.BadParameter(why, param_hint="THREAD")
+    if thread_id is not None and status is not None:
         raise typer.BadParameter("give a THREAD or --status stalled, not both", param_hint="THREAD")
     if status is not None and status != "stalled":
         why = f"{status!r}: only 'stalled' threads are re-driven in bulk"

@@ -67,7 +67,9 @@ def raise_budget(
 ) -> None:
     """Set new limits for the budget of the thread's tree and resume the threads it
     stopped (the sweeper re-drives them)."""
+    from dormant.budget import BUDGET_KEY
     from dormant.cli.connect import open_store
+    from dormant.ops.usage import budget_text
     from dormant.runtime.budgets import raise_limits
     from dormant.runtime.history import pending
     from dormant.stores.base import ThreadStatus
@@ -86,4 +88,4 @@ def raise_budget(
             store.set_status(stopped, ThreadStatus.WAITING if pending(calls) else ThreadStatus.IDLE)
             typer.echo(f"thread {stopped} resumed; the sweeper re-drives it")
         root = store.thread(store.thread(thread_id).root_id or thread_id)
-    typer.echo(f"budget of {root.id}: {root.metadata.get('budget')}")
+    typer.echo(f"budget of {root.id}: {budget_text(root.metadata.get(BUDGET_KEY))}")

@@ -9,12 +9,19 @@ from typing import Any
 from rich.table import Table
 from rich.text import Text
 
-from dormant.budget import BUDGET_KEY
+from dormant.budget import BUDGET_KEY, LIMITS
 from dormant.errors import ConfigurationError
 from dormant.ops.prune import parse_age
 from dormant.stores.base import QueryStore, Spend, ThreadInfo
 
-__all__ = ["parse_since", "spend_record", "thread_usage", "usage_line", "usage_table"]
+__all__ = [
+    "budget_text",
+    "parse_since",
+    "spend_record",
+    "thread_usage",
+    "usage_line",
+    "usage_table",
+]
 
 
 def parse_since(text: str, now: datetime | None = None) -> datetime:
@@ -71,13 +78,18 @@ def usage_line(store: QueryStore, info: ThreadInfo) -> Text:
     if info.parent_id is None:
         line.append(f"\ntree   {info.tree_tokens:,} tokens, cost {info.tree_cost:.6f}", "dim")
         own = info.metadata.get(BUDGET_KEY)
-        budget = _limits(own) if own else "the agent's"
-        line.append(f"; budget {budget}", "dim")
+        line.append(f"; budget {budget_text(own)}", "dim")
     return line
 
 
-def _limits(stored: dict[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in stored.items())
+def budget_text(stored: dict[str, Any] | None) -> str:
+    """A root's stored budget as shown: its limits; those it does not store (a
+    ``raise_budget`` on the agent's budget stores only those raised) are the agent's."""
+    if not stored:
+        return "the agent's"
+    text = ", ".join(f"{k}={v}" for k, v in stored.items())
+    agents = [k for k in LIMITS if k not in stored]
+    return f"{text}; the agent's {', '.join(agents)}" if agents else text
 
 
 def spend_record(spend: Spend) -> dict[str, Any]:

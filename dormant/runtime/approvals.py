@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from dormant.agents import Agent
 from dormant.messages import ApprovalDecision, ApprovalRequest, ToolCall, ToolResult
@@ -56,6 +57,17 @@ def request_id(call_id: str) -> str:
     return f"{call_id}:approval"
 
 
+def _defaults(tool: Tool) -> dict[str, Any]:
+    """The tool's arguments that have a default, with it: what a call that leaves them
+    out runs with, so its prompt can show them."""
+    fields = tool.arguments.model_fields
+    return {
+        key: spec.get_default(call_default_factory=True)
+        for key, spec in fields.items()
+        if not spec.is_required()
+    }
+
+
 def ask_approval(
     agent: Agent,
     tool: Tool,
@@ -82,7 +94,7 @@ def ask_approval(
         args=call.args,
         digest=digest,
         decisions=policy.decisions,
-        prompt=policy.prompt_for(call.name, call.args),
+        prompt=policy.prompt_for(call.name, call.args, _defaults(tool)),
         requested_at=now,
         expires_at=expires_at,
         on_timeout=policy.on_timeout,

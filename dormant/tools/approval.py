@@ -69,13 +69,16 @@ class Approval:
     def applies(self, args: dict[str, Any], ctx: ApprovalContext) -> bool:
         return self.when is None or bool(self.when(args, ctx))
 
-    def prompt_for(self, name: str, args: dict[str, Any]) -> str:
-        """The prompt with the arguments filled in; a template that does not fit them is
-        shown as written rather than failing the slice."""
+    def prompt_for(
+        self, name: str, args: dict[str, Any], defaults: Mapping[str, Any] | None = None
+    ) -> str:
+        """The prompt with the arguments filled in (``defaults``, the tool's, for those the
+        model left out); a template that does not fit them is shown as written rather
+        than failing the slice."""
         if not self.prompt:
             return f"Run {name} with {json.dumps(args, sort_keys=True, default=str)}?"
         try:
-            return self.prompt.format(**args)
+            return self.prompt.format(**{**(defaults or {}), **args})
         except (KeyError, IndexError, ValueError, AttributeError):
             return self.prompt
 
