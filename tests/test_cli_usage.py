@@ -114,7 +114,8 @@ def test_a_raised_limit_on_the_agents_budget_says_the_others_are_the_agents(url:
     assert raised.exit_code == 0, raised.output
     said = f"budget of {t}: max_tokens=400000; the agent's max_completions_per_message, max_cost"
     assert said in raised.output
-    shown = runner.invoke(app, ["show", t, "--database-url", url])
+    # pytest-xdist's workers have COLUMNS=80, and a width given is a width kept.
+    shown = runner.invoke(app, ["show", t, "--database-url", url], env={"COLUMNS": "300"})
     assert "budget max_tokens=400000; the agent's max_completions_per_message, max_cost" in (
         shown.output
     )
