@@ -685,3 +685,28 @@ def test_an_old_worker_restarted_mid_roll_does_not_take_the_turns_back() -> None
     assert new.superseded("triage", later) is None, "v2 keeps the turns"
     left = restarted.superseded("triage", later)
     assert left is not None and "version v2 was deployed after this worker's v1" in left.why
+
+
+def test_dormant_versions_cuts_no_version_or_worker_id_short(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """At 80 columns the table folded nothing: it cut ids to ``web-7f9c:14:1a…``, which a
+    deploy's drain is checked by. Folded in a terminal, and a row a line when piped."""
+    from typer.testing import CliRunner
+
+    from dormant.cli import app
+
+    url = f"sqlite:///{tmp_path}/versions.db"
+    version = "2026.12.06-build.4711-" + "f" * 12
+    with LocalSystem([_agent(status, scan, version=version)], url) as system:
+        worker_id = system.whereabouts.card.worker_id  # type: ignore[union-attr]
+        system.launch("triage", "hello")
+        system.run_until_idle()
+        narrow = CliRunner().invoke(app, ["versions", "--database-url", url], env={"COLUMNS": "80"})
+        monkeypatch.delenv("COLUMNS", raising=False)  # pytest-xdist's workers set it
+        piped = CliRunner().invoke(app, ["versions", "--database-url", url])
+    assert narrow.exit_code == 0, narrow.output
+    assert "…" not in narrow.output
+    assert max(len(line) for line in narrow.output.splitlines()) <= 80
+    (row,) = [line for line in piped.output.splitlines() if version in line]
+    assert worker_id in row and "scan, status" in row

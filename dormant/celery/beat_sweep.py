@@ -96,11 +96,14 @@ def _agents_or_none(agents: AgentSource, settings: Settings) -> AgentRegistry | 
     Celery's ``-A`` do: ``dormant beat`` run beside ``myapp/`` finds ``myapp.agents``. A
     module that cannot be loaded (not found, or raising on import: a model's key read on a
     beat host without it) costs the idle closing, not the sweeps."""
+    if agents is None and not settings.agents_module:
+        log.info("beat closes no idle threads: no agents are configured (DORMANT_AGENTS)")
+        return None
     try:
         with cwd_in_path():
             return load_agents(agents, settings)
-    except ConfigurationError as error:
-        log.info("beat closes no idle threads: %s", error)
+    except ConfigurationError as error:  # configured, and wrong: said where beat logs show
+        log.warning("beat closes no idle threads: %s", error)
         return None
     except Exception as error:  # the module itself raised: sweeping needs none of it
         log.warning("beat closes no idle threads: the agents module raised %r", error)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from typing import TYPE_CHECKING, Any
@@ -37,6 +36,7 @@ from dormant.cli.options import (
     check_priority,
     port_option,
 )
+from dormant.cli.output import print_rich
 from dormant.cli.retention import prune, quarantine, retry
 from dormant.cli.serve import serve
 from dormant.cli.usage import raise_budget, usage
@@ -149,7 +149,7 @@ def threads(
         elif not listed:
             typer.echo("no threads")
         else:
-            _rich(thread_tree(store, listed))
+            print_rich(thread_tree(store, listed))
 
 
 @app.command()
@@ -177,7 +177,7 @@ def show(
         elif as_json:
             _print_json(timeline_record(store, thread_id, full=full))
         else:
-            _rich(timeline(store, thread_id, full=full))
+            print_rich(timeline(store, thread_id, full=full))
 
 
 def _show_traces(store: QueryStore, thread_id: str, as_json: bool) -> None:
@@ -373,20 +373,6 @@ def _status(value: str, kind: type[ThreadStatus]) -> ThreadStatus:
 
 def _print_json(value: Any) -> None:
     typer.echo(json.dumps(value, indent=2, ensure_ascii=False))
-
-
-_PIPED_WIDTH = 100_000
-"""Rich's width when stdout is not a terminal and ``COLUMNS`` is unset: a record a line, as
-``grep`` and scripts read it, never wrapped at Rich's default of 80 columns."""
-
-
-def _rich(renderable: Any) -> None:
-    from rich.console import Console
-
-    console = Console()
-    if not console.is_terminal and "COLUMNS" not in os.environ:
-        console = Console(width=_PIPED_WIDTH)
-    console.print(renderable)
 
 
 def _own_celery_app(command: Callable[..., None]) -> Callable[..., None]:

@@ -14,11 +14,15 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 from dormant.agents import AgentRegistry
 from dormant.cli.errors import debugging, explain, say
 from dormant.client import Client
 from dormant.settings import Settings
+
+if TYPE_CHECKING:
+    from celery import Celery
 
 __all__ = ["CommandClient", "connect_client", "cwd_importable"]
 
@@ -41,10 +45,15 @@ class CommandClient(Client):
 
 
 def connect_client(
-    settings: Settings, agents_module: str | None, *, check_database: Callable[[str], None]
+    settings: Settings,
+    agents_module: str | None,
+    *,
+    check_database: Callable[[str], None],
+    celery_app: Celery | None = None,
 ) -> CommandClient:
     """A client for ``settings``, checked first; with ``agents_module`` (or
-    ``DORMANT_AGENTS``) it knows the agents and refuses unknown names."""
+    ``DORMANT_AGENTS``) it knows the agents and refuses unknown names. With ``celery_app``
+    (a host project's own) its wakes go through that app: the broker its workers read."""
     if not debugging():
         logging.basicConfig(handlers=[logging.NullHandler()])
     check_database(settings.database_url)
@@ -53,10 +62,7 @@ def connect_client(
     if module:
         with cwd_importable():
             agents = AgentRegistry.from_module(module)
-    from dormant.cli.connect import hosted_celery_app
-
-    celery_app = hosted_celery_app()
-    if celery_app is not None:  # the project's own: the broker its workers read
+    if celery_app is not None:
         return CommandClient.from_celery(celery_app, settings, agents=agents)
     return CommandClient.from_settings(settings, agents=agents)
 

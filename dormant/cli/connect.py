@@ -92,7 +92,9 @@ def open_client(agents_module: str | None = None, *, verifies_urls: bool = False
     else:
         current = env_settings()
         checked_database_url(current.database_url)
-    return connect_client(current, agents_module, check_database=check_database)
+    return connect_client(
+        current, agents_module, check_database=check_database, celery_app=hosted_celery_app()
+    )
 
 
 def verifying_settings() -> Settings:

@@ -27,11 +27,11 @@ def versions(
     A worker is live while it renews its card (every DORMANT_ANNOUNCE_INTERVAL_S); a card
     is kept a week after its worker was last seen.
     """
-    from rich.console import Console
     from rich.table import Table
     from rich.text import Text
 
     from dormant.cli.connect import open_store
+    from dormant.cli.output import print_rich
     from dormant.settings import Settings
 
     live_s = 3 * Settings.from_env().announce_interval_s
@@ -45,13 +45,15 @@ def versions(
         typer.echo("no worker has announced itself yet (workers announce when they start)")
         return
     table = Table("agent", "version", "open threads", "live workers", "last seen (UTC)", "tools")
+    for column in table.columns:  # ids a deploy is checked by: folded, never cut short
+        column.overflow = "fold"
     for r in records:
         live = ", ".join(r["live_workers"]) or "none: drained"
         seen = r["last_seen"][:19] if r["last_seen"] else "-"
         tools = ", ".join(r["tools"])
         cells = (r["agent"], r["version"] or "-", str(r["open_threads"]), live, seen, tools)
         table.add_row(*map(Text, cells))  # names and versions, never markup
-    Console().print(table)
+    print_rich(table)
 
 
 def with_thread_counts(

@@ -41,7 +41,6 @@ __all__ = [
     "database_url",
     "dormant_client",
     "install",
-    "installed_app",
     "settings",
     "stream_response",
 ]
