@@ -173,8 +173,19 @@ def test_db_upgrade_brings_a_schema_behind_to_head_and_the_commands_work_again(
 ) -> None:
     upgraded = run(cwd, "db", "upgrade", DORMANT_DATABASE_URL=behind_url)
     assert upgraded.code == 0, upgraded.err
+    assert upgraded.out.strip().endswith(f"is up to date (upgraded from {BEHIND} to {HEAD})")
     listed = run(cwd, "threads", DORMANT_DATABASE_URL=behind_url)
     assert (listed.code, listed.out.strip()) == (0, "no threads")
+    again = run(cwd, "db", "upgrade", DORMANT_DATABASE_URL=behind_url)
+    assert again.out.strip().endswith("is up to date"), again.out  # nothing to do: said so
+
+
+def test_db_upgrade_says_it_created_the_schema_of_an_empty_database(
+    cwd: Path, empty_url: str
+) -> None:
+    created = run(cwd, "db", "upgrade", DORMANT_DATABASE_URL=empty_url)
+    assert created.code == 0, created.err
+    assert created.out.strip().endswith("is up to date (created)"), created.out
 
 
 def test_db_upgrade_names_a_schema_ahead_as_newer_and_a_read_command_warns_of_it(

@@ -120,13 +120,21 @@ def demo() -> None:
 def db_upgrade(database_url: str | None = DatabaseOption) -> None:
     """Create or migrate the schema to the newest version (creates a SQLite file)."""
     from dormant.stores.sql.store import upgrade
+    from dormant.stores.sql.versions import schema_head
 
     settings = env_settings()
     url = checked_database_url(database_url or settings.database_url)
     check_sqlite_directory(url)
-    upgrade(url, table_prefix=settings.table_prefix)
-    prefix = f" (tables prefixed {settings.table_prefix!r})" if settings.table_prefix else ""
-    typer.echo(f"schema of {redact(url)} is up to date{prefix}")
+    found = upgrade(url, table_prefix=settings.table_prefix)
+    done = []  # what this run did: an operator checking a deploy reads it here
+    if found is None:
+        done.append("created")
+    elif found != schema_head():
+        done.append(f"upgraded from {found} to {schema_head()}")
+    if settings.table_prefix:
+        done.append(f"tables prefixed {settings.table_prefix!r}")
+    said = f" ({', '.join(done)})" if done else ""
+    typer.echo(f"schema of {redact(url)} is up to date{said}")
 
 
 @app.command()

@@ -39,7 +39,8 @@ def alembic_config(url: URL, table_prefix: str) -> Config:
     return config
 
 
-def migrate(engine: Engine, table_prefix: str = "") -> None:
+def migrate(engine: Engine, table_prefix: str = "") -> str | None:
+    """Migrate to the newest revision; the revision found first (None: no schema yet)."""
     from alembic import command
 
     config = alembic_config(engine.url, table_prefix)
@@ -47,16 +48,18 @@ def migrate(engine: Engine, table_prefix: str = "") -> None:
     # processes opening a new file at once then run one after the other (the second finds
     # the tables made), as PostgreSQL's advisory lock in env.py makes them there.
     with engine.execution_options(**{SQLITE_BEGIN: "IMMEDIATE"}).begin() as conn:
-        refuse_unknown(conn, table_prefix)  # Alembic: "Can't locate revision '0011'"
+        found = refuse_unknown(conn, table_prefix)  # Alembic: "Can't locate revision '0011'"
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
+    return found
 
 
-def upgrade(database_url: str, *, table_prefix: str = "") -> None:
+def upgrade(database_url: str, *, table_prefix: str = "") -> str | None:
     """Bring the database's schema to the newest shipped migration (``dormant db upgrade``);
-    ``table_prefix`` names the tables (``Settings.table_prefix``)."""
+    ``table_prefix`` names the tables (``Settings.table_prefix``). Returns the revision it
+    found, None where there was no schema."""
     engine = make_engine(database_url)
     try:
-        migrate(engine, table_prefix)
+        return migrate(engine, table_prefix)
     finally:
         engine.dispose()

@@ -90,12 +90,13 @@ def check_version(conn: Connection, table_prefix: str) -> SchemaMismatch | None:
     return mismatch
 
 
-def refuse_unknown(conn: Connection, table_prefix: str) -> None:
+def refuse_unknown(conn: Connection, table_prefix: str) -> str | None:
     """Before a migration: refuse a schema this dormant does not know (a later release's),
-    which Alembic would report only as a revision it cannot locate."""
+    which Alembic would report only as a revision it cannot locate; the stored revision."""
     found = stored_version(conn, table_prefix)
     if found is not None and found not in known_revisions():
         raise SchemaMismatch(found, schema_head(), ahead=True)
+    return found
 
 
 class SchemaCheck:
