@@ -278,7 +278,8 @@ class Settings:
         """These settings, failing clearly when no callback signing key is configured."""
         if not self.secret_keys:
             raise ConfigurationError(
-                "DORMANT_SECRET_KEY is not set: callback URLs cannot be signed or verified"
+                "DORMANT_SECRET_KEY is not set (under Django or Flask: SECRET_KEY in the "
+                "DORMANT settings): callback URLs cannot be signed or verified"
             )
         return self
 

@@ -324,7 +324,8 @@ def test_a_celery_worker_refuses_to_start_without_a_secret_key(
     assert ran.code != 0 and "Traceback" not in ran.err
     # Celery may warn about running as root first; the last line is ours.
     assert ran.err.strip().splitlines()[-1] == (
-        "error: DORMANT_SECRET_KEY is not set: callback URLs cannot be signed or verified"
+        "error: DORMANT_SECRET_KEY is not set (under Django or Flask: SECRET_KEY in the "
+        "DORMANT settings): callback URLs cannot be signed or verified"
     )
     assert "celery@" not in ran.out  # no banner: the worker never started
 
