@@ -33,7 +33,7 @@ from celery.signals import (
 )
 from celery.utils.imports import cwd_in_path
 
-from dormant.agents import NO_AGENTS, AgentSource, load_agents
+from dormant.agents import NO_AGENTS, AgentRegistry, AgentSource, load_agents
 from dormant.celery.config import (
     PRUNE_TASK,
     QUEUE_BACKGROUND,
@@ -128,11 +128,13 @@ def install(
     resolve = _settings_resolver(settings)
     lock = threading.Lock()
     runtimes: list[LazyRuntime] = []
+    loaded: list[AgentRegistry] = []  # a worker's agents, loaded as it starts
 
     def runtime() -> Any:
         with lock:  # the first tasks of a threads pool race here
             if not runtimes:
-                runtimes.append(LazyRuntime(celery_app, resolve(), agents))
+                source = loaded[0] if loaded else agents
+                runtimes.append(LazyRuntime(celery_app, resolve(), source))
         return runtimes[0].get()
 
     register_tasks(celery_app, runtime)
@@ -156,6 +158,17 @@ def install(
             resolve().require_secret()
         except ConfigurationError as error:
             raise SystemExit(f"error: {error}") from None
+
+    def load_agents_at_start(sender: Any = None, **_: Any) -> None:
+        """A worker of this app that consumes dormant's queues loads its agents as it
+        starts: one that cannot (a mistyped module, one raising on import) would say
+        ``ready.`` and then fail every slice, so it refuses to start, with one line. Sent
+        in the worker's main process before its pool starts: prefork children inherit the
+        loaded modules. A worker of the project's own queues only (``-Q proj``) runs no
+        agent; beat, Flower, ``celery inspect`` and web processes start no worker."""
+        if getattr(sender, "app", None) is not celery_app or not _consumes_ours(celery_app):
+            return
+        loaded.append(_agents_for_worker(agents, resolve()))
 
     def refuse_another_schema(sender: Any = None, **_: Any) -> None:
         """A worker on a schema of another version would say ``ready.`` and then fail every
@@ -197,6 +210,7 @@ def install(
         celery_app.on_after_configure.connect(add_routing, weak=False)
     celeryd_init.connect(before_worker, weak=False)
     worker_init.connect(refuse_without_secret, weak=False)
+    worker_init.connect(load_agents_at_start, weak=False)
     worker_init.connect(refuse_another_schema, weak=False)
     worker_ready.connect(warm_up, weak=False)
     # The process's MCP sessions stop their servers: the worker's (threads, solo) or a
@@ -205,6 +219,27 @@ def install(
     worker_process_shutdown.connect(_close_mcp_sessions, weak=False)
     worker_shutdown.connect(withdraw, weak=False)
     worker_process_shutdown.connect(withdraw, weak=False)
+
+
+def _consumes_ours(celery_app: Celery) -> bool:
+    """Whether a worker, its ``-Q`` and ``-X`` applied, consumes one of dormant's queues."""
+    consumed = celery_app.amqp.queues.consume_from
+    return any(name in consumed for name in QUEUES)
+
+
+def _agents_for_worker(agents: AgentSource, settings: Settings) -> AgentRegistry:
+    """The agents, looked up from the current directory too (as Celery's ``-A``), or
+    ``SystemExit`` with one line naming the module and what went wrong."""
+    module = agents if isinstance(agents, str) else settings.agents_module if agents is None else ""
+    try:
+        with cwd_in_path():
+            return load_agents(agents, settings)
+    except ConfigurationError as error:  # not found, no Agent in it, or none configured
+        raise SystemExit(f"error: a worker cannot start: {error}") from None
+    except Exception as error:  # the module itself raised: a key read on a host without it
+        cause = f"{type(error).__name__}: {error}".strip().splitlines()[0]
+        what = f"the agents module {module!r}" if module else "loading the agents"
+        raise SystemExit(f"error: a worker cannot start: {what} raised {cause}") from None
 
 
 def _close_mcp_sessions(**_: Any) -> None:
