@@ -230,7 +230,7 @@ def _consumes_ours(celery_app: Celery) -> bool:
 def _agents_for_worker(agents: AgentSource, settings: Settings) -> AgentRegistry:
     """The agents, looked up from the current directory too (as Celery's ``-A``), or
     ``SystemExit`` with one line naming the module and what went wrong."""
-    module = agents if isinstance(agents, str) else settings.agents_module if agents is None else ""
+    module = settings.agents_module if agents is None else agents
     try:
         with cwd_in_path():
             return load_agents(agents, settings)
@@ -238,7 +238,7 @@ def _agents_for_worker(agents: AgentSource, settings: Settings) -> AgentRegistry
         raise SystemExit(f"error: a worker cannot start: {error}") from None
     except Exception as error:  # the module itself raised: a key read on a host without it
         cause = f"{type(error).__name__}: {error}".strip().splitlines()[0]
-        what = f"the agents module {module!r}" if module else "loading the agents"
+        what = f"the agents module {module!r}" if isinstance(module, str) else "loading the agents"
         raise SystemExit(f"error: a worker cannot start: {what} raised {cause}") from None
 
 
