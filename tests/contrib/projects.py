@@ -13,12 +13,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import redis
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
 from tests.databases import admin_engine, empty_database
 
-__all__ = ["REDIS_URL", "ROOT", "Project", "database_exists", "doc_files", "postgres_database"]
+__all__ = [
+    "REDIS_URL",
+    "ROOT",
+    "Project",
+    "database_exists",
+    "doc_files",
+    "postgres_database",
+    "watched_broker",
+]
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 BIN = Path(sys.executable).parent
@@ -107,3 +116,42 @@ def database_exists(name: str) -> bool:
             return found.first() is not None
     finally:
         admin.dispose()
+
+
+class BrokerWatch:
+    """The shared Redis seen by a test whose launch must reach its own prefixed list."""
+
+    def __init__(self, keys: redis.Redis, prefix: str, thread_id: str) -> None:
+        self.keys, self.prefix, self.thread_id = keys, prefix, thread_id
+
+    def queued(self, pattern: str) -> list[bytes]:
+        """The broker lists matching ``pattern`` that hold a message for the thread."""
+        return [
+            key
+            for key in self.keys.scan_iter(match=pattern, count=1000)
+            if self.keys.type(key) == b"list"
+            and any(self.thread_id.encode() in raw for raw in self.keys.lrange(key, 0, -1))
+        ]
+
+    def assert_queued_under_the_prefix_only(self) -> None:
+        assert self.queued(f"{self.prefix}:dormant.interactive*")
+        assert not self.queued("dormant.interactive*")
+
+
+@contextmanager
+def watched_broker(prefix: str, thread_id: str) -> Iterator[BrokerWatch]:
+    """A ``BrokerWatch``; after it, the thread's messages and the prefix's keys are gone
+    (a message sent unprefixed by mistake, too: the Redis is shared)."""
+    keys = redis.Redis.from_url(REDIS_URL)
+    watch = BrokerWatch(keys, prefix, thread_id)
+    try:
+        yield watch
+    finally:
+        for key in watch.queued("dormant.interactive*"):
+            for raw in keys.lrange(key, 0, -1):
+                if thread_id.encode() in raw:
+                    keys.lrem(key, 1, raw)
+        found = list(keys.scan_iter(match=f"{prefix}*", count=1000))
+        if found:
+            keys.delete(*found)
+        keys.close()

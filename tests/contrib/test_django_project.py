@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import redis
 
 from tests.contrib.projects import (
     REDIS_URL,
@@ -19,6 +18,7 @@ from tests.contrib.projects import (
     database_exists,
     doc_files,
     postgres_database,
+    watched_broker,
 )
 
 pytest.importorskip("django")
@@ -146,30 +146,9 @@ def test_manage_py_dormant_launch_wakes_the_thread_through_the_projects_celery_a
     project = Project(
         tmp_path, {"TEST_PREFIX": prefix, "TEST_THREAD": thread_id, "TEST_REDIS": REDIS_URL}
     )
-    keys = redis.Redis.from_url(REDIS_URL)
-    try:
+    with watched_broker(prefix, thread_id) as broker:
         assert thread_id in project.run(sys.executable, "-c", _LAUNCH_FROM_MANAGE_PY)
-        assert _queued_for(keys, f"{prefix}:dormant.interactive*", thread_id)
-        assert not _queued_for(keys, "dormant.interactive*", thread_id)
-    finally:
-        for key in _queued_for(keys, "dormant.interactive*", thread_id):  # a shared Redis
-            for raw in keys.lrange(key, 0, -1):
-                if thread_id.encode() in raw:
-                    keys.lrem(key, 1, raw)
-        found = list(keys.scan_iter(match=f"{prefix}*", count=1000))
-        if found:
-            keys.delete(*found)
-        keys.close()
-
-
-def _queued_for(keys: redis.Redis, pattern: str, thread_id: str) -> list[bytes]:
-    """The broker lists matching ``pattern`` that hold a message for ``thread_id``."""
-    return [
-        key
-        for key in keys.scan_iter(match=pattern, count=1000)
-        if keys.type(key) == b"list"
-        and any(thread_id.encode() in raw for raw in keys.lrange(key, 0, -1))
-    ]
+        broker.assert_queued_under_the_prefix_only()
 
 
 _LAUNCH_FROM_MANAGE_PY = """

@@ -16,7 +16,13 @@ from dormant import Agent
 from dormant.contrib.flask import Dormant
 from dormant.errors import UnknownAgent
 from dormant.models import ScriptedModel, reply
-from tests.contrib.projects import REDIS_URL, Project, doc_files, postgres_database
+from tests.contrib.projects import (
+    REDIS_URL,
+    Project,
+    doc_files,
+    postgres_database,
+    watched_broker,
+)
 
 pytest.importorskip("flask_sqlalchemy")
 
@@ -138,16 +144,6 @@ def test_a_launch_through_the_flask_client_keeps_its_budget(app: Flask) -> None:
         }
 
 
-def _queued_for(keys: redis.Redis, pattern: str, thread_id: str) -> list[bytes]:
-    """The broker lists matching ``pattern`` that hold a message for ``thread_id``."""
-    return [
-        key
-        for key in keys.scan_iter(match=pattern, count=1000)
-        if keys.type(key) == b"list"
-        and any(thread_id.encode() in raw for raw in keys.lrange(key, 0, -1))
-    ]
-
-
 def test_flask_dormant_launch_wakes_the_thread_through_the_apps_celery_broker(
     tmp_path: Path,
 ) -> None:
@@ -167,24 +163,15 @@ def test_flask_dormant_launch_wakes_the_thread_through_the_apps_celery_broker(
     )
     Dormant(app, celery_app=celery_app, agents=[_support()])
     runner = app.test_cli_runner()
-    keys = redis.Redis.from_url(REDIS_URL)
     thread_id = f"thr_{prefix}"
     try:
-        assert runner.invoke(args=["dormant", "db", "upgrade"]).exit_code == 0
-        launched = runner.invoke(
-            args=["dormant", "launch", "support", "hi", "--thread-id", thread_id]
-        )
-        assert launched.exit_code == 0, launched.output
-        assert launched.output.strip() == thread_id
-        assert _queued_for(keys, f"{prefix}:dormant.interactive*", thread_id)
-        assert not _queued_for(keys, "dormant.interactive*", thread_id)
+        with watched_broker(prefix, thread_id) as broker:
+            assert runner.invoke(args=["dormant", "db", "upgrade"]).exit_code == 0
+            launched = runner.invoke(
+                args=["dormant", "launch", "support", "hi", "--thread-id", thread_id]
+            )
+            assert launched.exit_code == 0, launched.output
+            assert launched.output.strip() == thread_id
+            broker.assert_queued_under_the_prefix_only()
     finally:
-        for key in _queued_for(keys, "dormant.interactive*", thread_id):  # a shared Redis
-            for raw in keys.lrange(key, 0, -1):
-                if thread_id.encode() in raw:
-                    keys.lrem(key, 1, raw)
-        found = list(keys.scan_iter(match=f"{prefix}*", count=1000))
-        if found:
-            keys.delete(*found)
-        keys.close()
         celery_app.close()
