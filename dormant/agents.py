@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from dormant.budget import Budget
-from dormant.errors import ConfigurationError, UnknownAgent
+from dormant.errors import ConfigurationError, DormantError, UnknownAgent
 from dormant.messages import EVENT_TOOL_NAME
 from dormant.models.base import Model, ModelSettings, ToolSpec
 from dormant.models.prices import DEFAULT_PRICES, Price
@@ -205,8 +205,13 @@ class AgentRegistry(Mapping[str, Agent]):
         a module may instead define ``AGENTS``, a list of agents."""
         try:
             module = importlib.import_module(path)
+        except DormantError:
+            raise  # already says what is wrong (an Agent given a bad option)
         except ImportError as error:
             raise ConfigurationError(f"cannot import agents module {path!r}: {error}") from error
+        except Exception as error:  # the module raised: a key read on a host without it
+            first = f"{type(error).__name__}: {error}".splitlines()[0]
+            raise ConfigurationError(f"the agents module {path!r} raised {first}") from error
         agents = getattr(module, "AGENTS", None)
         if agents is None:
             agents = [v for v in vars(module).values() if isinstance(v, Agent)]

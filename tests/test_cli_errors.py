@@ -248,6 +248,23 @@ def test_an_unknown_agent_is_refused_before_anything_is_saved(
         store.close()
 
 
+def test_an_agents_module_that_raises_on_import_is_named_with_its_error_and_exit_3(
+    empty_dir: Path, tmp_path: Path, migrated: str
+) -> None:
+    """A module reading a key its host lacks (``os.environ[...]``) is a configuration
+    error, as a missing module is: it was ``unexpected KeyError`` with exit 1."""
+    agents = tmp_path / "agents_dir"
+    agents.mkdir()
+    (agents / "keyed_agents.py").write_text("import os\n\nKEY = os.environ['NO_SUCH_KEY_SET']\n")
+    env = {"DORMANT_DATABASE_URL": migrated, "PYTHONPATH": str(agents)}
+    env["DORMANT_SECRET_KEY"] = "k" * 32
+    said = "the agents module 'keyed_agents' raised KeyError: 'NO_SUCH_KEY_SET'"
+    worker = run(empty_dir, "worker", DORMANT_AGENTS="keyed_agents", **env)
+    assert_one_error_line(worker, REFUSED, said)
+    launch = run(empty_dir, "launch", "calc", "hi", "--agents", "keyed_agents", **env)
+    assert_one_error_line(launch, REFUSED, said)
+
+
 # The broker is down after the message is saved ------------------------------------------
 
 

@@ -105,9 +105,6 @@ def _agents_or_none(agents: AgentSource, settings: Settings) -> AgentRegistry | 
     except ConfigurationError as error:  # configured, and wrong: said where beat logs show
         log.warning("beat closes no idle threads: %s", error)
         return None
-    except Exception as error:  # the module itself raised: sweeping needs none of it
-        log.warning("beat closes no idle threads: the agents module raised %r", error)
-        return None
 
 
 def sweep_turn(parts: SweepParts, now: datetime) -> Swept | None:
