@@ -155,7 +155,7 @@ def test_db_upgrade_into_a_missing_directory_names_the_directory(
     missing.mkdir()
     ran = run(empty_dir, "db", "upgrade", DORMANT_DATABASE_URL=f"sqlite:///{missing}/dormant.db")
     assert ran.code == 0
-    assert ran.out == f"schema of sqlite:///{missing}/dormant.db is up to date (created)\n"
+    assert ran.out.splitlines()[-1] == f"schema of sqlite:///{missing}/dormant.db is up to date"
 
 
 def test_an_unmigrated_sqlite_file_asks_for_db_upgrade(empty_dir: Path, tmp_path: Path) -> None:

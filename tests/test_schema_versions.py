@@ -173,11 +173,13 @@ def test_db_upgrade_brings_a_schema_behind_to_head_and_the_commands_work_again(
 ) -> None:
     upgraded = run(cwd, "db", "upgrade", DORMANT_DATABASE_URL=behind_url)
     assert upgraded.code == 0, upgraded.err
-    assert upgraded.out.strip().endswith(f"is up to date (upgraded from {BEHIND} to {HEAD})")
+    said, done = upgraded.out.splitlines()
+    assert said == f"migrated the schema from {BEHIND} to {HEAD}"
+    assert done.endswith("is up to date")
     listed = run(cwd, "threads", DORMANT_DATABASE_URL=behind_url)
     assert (listed.code, listed.out.strip()) == (0, "no threads")
     again = run(cwd, "db", "upgrade", DORMANT_DATABASE_URL=behind_url)
-    assert again.out.strip().endswith("is up to date"), again.out  # nothing to do: said so
+    assert again.out.strip().endswith("is up to date") and "\n" not in again.out.strip()
 
 
 def test_db_upgrade_says_it_created_the_schema_of_an_empty_database(
@@ -185,7 +187,9 @@ def test_db_upgrade_says_it_created_the_schema_of_an_empty_database(
 ) -> None:
     created = run(cwd, "db", "upgrade", DORMANT_DATABASE_URL=empty_url)
     assert created.code == 0, created.err
-    assert created.out.strip().endswith("is up to date (created)"), created.out
+    said, done = created.out.splitlines()
+    assert said == f"created the schema at {HEAD}"
+    assert done.endswith("is up to date")
 
 
 def test_db_upgrade_names_a_schema_ahead_as_newer_and_a_read_command_warns_of_it(

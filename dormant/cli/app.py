@@ -126,15 +126,12 @@ def db_upgrade(database_url: str | None = DatabaseOption) -> None:
     url = checked_database_url(database_url or settings.database_url)
     check_sqlite_directory(url)
     found = upgrade(url, table_prefix=settings.table_prefix)
-    done = []  # what this run did: an operator checking a deploy reads it here
-    if found is None:
-        done.append("created")
+    if found is None:  # what this run did, for an operator checking a deploy
+        typer.echo(f"created the schema at {schema_head()}")
     elif found != schema_head():
-        done.append(f"upgraded from {found} to {schema_head()}")
-    if settings.table_prefix:
-        done.append(f"tables prefixed {settings.table_prefix!r}")
-    said = f" ({', '.join(done)})" if done else ""
-    typer.echo(f"schema of {redact(url)} is up to date{said}")
+        typer.echo(f"migrated the schema from {found} to {schema_head()}")
+    prefix = f" (tables prefixed {settings.table_prefix!r})" if settings.table_prefix else ""
+    typer.echo(f"schema of {redact(url)} is up to date{prefix}")
 
 
 @app.command()
