@@ -4,6 +4,7 @@ an error exits non-zero."""
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import threading
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from celery import Celery
 from kombu import Connection, Exchange, Queue
 from kombu.transport import redis as kombu_redis
 
@@ -78,6 +80,39 @@ def test_the_redis_broker_uses_dormants_transport_and_reconnects_for_ever() -> N
     assert config["broker_connection_max_retries"] is None
     amqp = dormant_worker.celery_config(Settings(broker_url="amqp://guest@127.0.0.1//"))
     assert "broker_transport" not in amqp
+
+
+def test_flowers_broker_page_counts_the_tasks_queued_on_dormants_redis_broker(
+    own_redis: OwnRedis,
+) -> None:
+    """Flower picks its Broker page's client by the scheme of the app's broker URI; dormant's
+    transport made it ``dormant.celery.broker:Transport://...``, so the page and
+    ``/api/queues/length`` answered 404 ``'redis' broker is not supported`` (docs/monitoring.md
+    says queued tasks are counted there). The URI reads ``redis://`` again; the connection
+    keeps dormant's transport."""
+    from flower.utils.broker import Broker
+    from flower.utils.broker import Redis as FlowerRedis
+
+    from dormant.celery.broker import Transport
+
+    settings = Settings(broker_url=own_redis.url, broker_key_prefix="flower:")
+    app = Celery("dormant")
+    app.conf.update(dormant_worker.celery_config(settings))
+    with app.connection_for_write() as conn:
+        uri = conn.as_uri(include_password=True)  # what Flower's get_broker passes
+        assert isinstance(conn.transport, Transport)
+    app.send_task("dormant.tool", kwargs={}, queue="dormant.tools")
+    broker = Broker(
+        uri,
+        broker_options=app.conf.broker_transport_options,
+        broker_use_ssl=app.conf.broker_use_ssl,
+    )
+    assert isinstance(broker, FlowerRedis)
+    queued = asyncio.run(broker.queues(["dormant.tools", "dormant.interactive"]))
+    assert queued == [
+        {"name": "dormant.tools", "messages": 1},
+        {"name": "dormant.interactive", "messages": 0},
+    ]
 
 
 @pytest.mark.filterwarnings("ignore::celery.exceptions.SecurityWarning")  # CI runs as root

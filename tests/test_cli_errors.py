@@ -51,16 +51,27 @@ class Ran:
 def run(cwd: Path, *args: str, program: Path = DORMANT, **env: str) -> Ran:
     """The command in ``cwd`` with only the given ``DORMANT_*`` variables (and Redis and
     the broker down unless given)."""
+    done = subprocess.run(
+        [str(program), *args],
+        cwd=cwd,
+        env=command_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    return Ran(done.returncode, done.stdout, done.stderr)
+
+
+def command_env(**env: str) -> dict[str, str]:
+    """This environment without its ``DORMANT_*`` variables, with ``env`` and Redis and
+    the broker down unless given."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("DORMANT_")}
     base.pop("PYTHONDONTWRITEBYTECODE", None)  # as installed: compiled once, not every run
     base.update(
         {"DORMANT_REDIS_URL": f"redis://{DOWN}/0", "DORMANT_BROKER_URL": f"redis://{DOWN}/0"}
     )
     base.update(env)
-    done = subprocess.run(
-        [str(program), *args], cwd=cwd, env=base, capture_output=True, text=True, timeout=90
-    )
-    return Ran(done.returncode, done.stdout, done.stderr)
+    return base
 
 
 def assert_one_error_line(ran: Ran, code: int, *fragments: str) -> str:
@@ -263,6 +274,28 @@ def test_an_agents_module_that_raises_on_import_is_named_with_its_error_and_exit
     assert_one_error_line(worker, REFUSED, said)
     launch = run(empty_dir, "launch", "calc", "hi", "--agents", "keyed_agents", **env)
     assert_one_error_line(launch, REFUSED, said)
+
+
+def test_a_reader_that_stops_reading_ends_the_command_quietly_as_click_does(
+    empty_dir: Path, migrated: str
+) -> None:
+    """``dormant show THREAD | head`` whose reader has had enough: Click's own exit 1 with
+    nothing said, as ``dormant threads`` did; ``show`` said ``error: unexpected
+    BrokenPipeError``."""
+    env = command_env(DORMANT_DATABASE_URL=migrated)
+    run(empty_dir, "launch", "calc", "hi", "--thread-id", "thr_1", DORMANT_DATABASE_URL=migrated)
+    for args in (["show", "thr_1"], ["show", "thr_1", "--json"], ["threads"], ["usage"]):
+        with subprocess.Popen(
+            [str(DORMANT), *args],
+            cwd=empty_dir,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        ) as command:
+            assert command.stdout is not None and command.stderr is not None
+            command.stdout.close()  # the reader is gone before the command writes
+            said = command.stderr.read().decode()
+            assert (command.wait(timeout=90), said) == (1, ""), args
 
 
 # The broker is down after the message is saved ------------------------------------------

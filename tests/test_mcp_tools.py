@@ -125,6 +125,19 @@ def test_a_server_that_fails_to_start_is_an_error_result_and_a_listing_error() -
         mcp_tools(stdio=crashing, list_timeout_s=START_S)
 
 
+def test_without_the_sdk_mcp_tools_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``pip install dormant`` has no ``mcp``: the error said the server failed
+    (``listing tools on MCP server '...' failed: ModuleNotFoundError``), not what to install."""
+    monkeypatch.setitem(sys.modules, "mcp", None)  # as if not installed
+    with pytest.raises(ConfigurationError) as refused:
+        mcp_tools(stdio=STDIO, list_timeout_s=START_S)
+    assert str(refused.value) == (
+        "mcp_tools needs the MCP SDK, which is not installed: pip install 'dormant[mcp]'"
+    )
+
+
 def test_an_http_server_tool_answers_through_the_inbox(http_url: str) -> None:
     tools = mcp_tools(url=http_url, list_timeout_s=START_S, call_timeout_s=START_S)
     assert [t.name for t in tools] == ["add", "fail", "slow", "pid", "environment", "crash"]

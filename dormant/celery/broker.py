@@ -15,6 +15,12 @@ kombu and Celery already handle: the restore is skipped (the broker redelivers t
 after its visibility timeout, and dormant's sweeper re-drives the work from SQL sooner) and
 the worker reconnects. Celery selects this class through ``broker_transport`` (a fully
 qualified class path is a documented kombu transport name).
+
+A connection's URI (``Connection.as_uri``) names the transport, and a class path there
+(``dormant.celery.broker:Transport://...``) is a scheme no reader knows: Flower picks its
+Broker page's client by that scheme and answered 404, "'redis' broker is not supported".
+kombu's alias table makes the URI read ``redis://`` (as ``pyamqp`` reads ``amqp``); the
+connection keeps this transport.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+from kombu import connection as kombu_connection
 from kombu.transport import redis as kombu_redis
 from kombu.utils.json import dumps
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -33,6 +40,8 @@ __all__ = ["CARRIED_CLAIM", "TRANSPORT", "CarriedClaim", "Channel", "Transport"]
 
 TRANSPORT = "dormant.celery.broker:Transport"
 """``broker_transport`` for a ``redis://`` broker URL."""
+
+kombu_connection.resolve_aliases.setdefault(TRANSPORT, "redis")
 
 # KEYS[1] the queue's priority list, KEYS[2] the thread's wake mark; ARGV[1] the wake's
 # priority, ARGV[2] the mark's ttl in ms, ARGV[3] the message: ``RedisWakeMarks``' claim,

@@ -7,7 +7,8 @@ messages say what to do. ``dormant --debug`` (or ``DORMANT_DEBUG=1``) shows the 
 Exit codes (documented in the README and ``dormant --help``):
 
 - 0: done; a message saved while the broker is down is done too (the sweeper wakes it)
-- 1: refused (unknown thread, call or agent; duplicate message; closed thread; bad input)
+- 1: refused (unknown thread, call or agent; duplicate message; closed thread; bad input);
+  also, silently, a stdout whose reader went away (``dormant threads | head``), as Click does
 - 2: the command line itself is wrong (Click's usage errors): an unknown option, or a bad
   option value, checked while parsing (``options.py``). Running it again cannot help.
 - 3: the deployment cannot serve the command: a server is unreachable, the database has no
@@ -79,6 +80,8 @@ def reported(command: F) -> F:
             command(*args, **kwargs)
         except (typer.Exit, typer.Abort, typer.TyperException, KeyboardInterrupt):
             raise  # usage errors (exit 2) are Typer's to show
+        except BrokenPipeError:
+            raise  # stdout's reader went away (`| head`): Click exits 1, saying nothing
         except Exception as exc:
             if debugging():
                 raise

@@ -20,6 +20,7 @@ The ``mcp`` package is imported only here, and only when a server is contacted: 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -153,8 +154,12 @@ def mcp_tools(
     call_timeout_s: float = 30.0,
 ) -> list[Tool]:
     """The server's tools (those named in ``include``, if given, less ``exclude``), named
-    ``prefix + name``. Lists them now; raises ``ConfigurationError`` if that fails or a
-    name in ``include`` is not served."""
+    ``prefix + name``. Lists them now; raises ``ConfigurationError`` if the SDK is not
+    installed (``dormant[mcp]``), listing fails or a name in ``include`` is not served."""
+    if importlib.util.find_spec("mcp") is None:
+        raise ConfigurationError(
+            "mcp_tools needs the MCP SDK, which is not installed: pip install 'dormant[mcp]'"
+        )
     server = McpServer(tuple(stdio), url, env, headers, list_timeout_s, call_timeout_s)
     try:
         listed = server.list(_list_tools)
