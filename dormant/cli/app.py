@@ -389,7 +389,7 @@ def _own_celery_app(command: Callable[..., None]) -> Callable[..., None]:
         if is_hosted():  # a wrong command line (exit 2): typing it again cannot help
             name = command.__name__
             say(
-                f"error: `{PROG.get()} {name}` is not run: your project's {name} is its own "
+                f"error: `dormant {name}` is not run: your project's {name} is its own "
                 f"Celery app's, which runs its tasks and reads its Celery settings; run "
                 f"`celery -A <your Celery app> {name}` (docs/django.md, docs/flask.md)"
             )

@@ -62,9 +62,7 @@ def connect_client(
     if module:
         with cwd_importable():
             agents = AgentRegistry.from_module(module)
-    if celery_app is not None:
-        return CommandClient.from_celery(celery_app, settings, agents=agents)
-    return CommandClient.from_settings(settings, agents=agents)
+    return CommandClient.from_settings(settings, agents=agents, celery_app=celery_app)
 
 
 @contextmanager

@@ -87,11 +87,7 @@ def open_client(agents_module: str | None = None, *, verifies_urls: bool = False
     it; with neither, a ``ConfigurationError``."""
     from dormant.cli.client import connect_client
 
-    if verifies_urls:
-        current = verifying_settings()
-    else:
-        current = env_settings()
-        checked_database_url(current.database_url)
+    current = verifying_settings() if verifies_urls else _checked_settings()
     return connect_client(
         current, agents_module, check_database=check_database, celery_app=hosted_celery_app()
     )
@@ -102,9 +98,14 @@ def verifying_settings() -> Settings:
     ``dormant serve``): it needs the key that signed them, ``DORMANT_SECRET_KEY`` or, on a
     SQLite file, the key ``LocalSystem`` keeps beside it; with neither, a
     ``ConfigurationError``."""
+    return _checked_settings().with_local_secret(verify_only=True).require_secret()
+
+
+def _checked_settings() -> Settings:
+    """``env_settings``, its database URL checked (one line for a malformed one)."""
     current = env_settings()
     checked_database_url(current.database_url)
-    return current.with_local_secret(verify_only=True).require_secret()
+    return current
 
 
 def open_store(url: str | None) -> SQLStore:

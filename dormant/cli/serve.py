@@ -42,13 +42,8 @@ def serve(
     settings = verifying_settings()
     sources = [github_source(keys, name) for name, keys in settings.webhook_secrets]
     sock = listening_socket(host, port)
-    celery_app = hosted_celery_app()  # under flask/manage.py: the project's own broker
-    made = (
-        Client.from_settings(settings)
-        if celery_app is None
-        else Client.from_celery(celery_app, settings)
-    )
-    with sock, made as client:
+    # Under flask/manage.py, wakes go through the project's own Celery app and broker.
+    with sock, Client.from_settings(settings, celery_app=hosted_celery_app()) as client:
         dashboard = serve_dashboard(client, host)
         app = asgi_app(client, WebhookReceiver(client, sources), dashboard)
         # No access log: webhook and callback URLs carry tokens, which must not land in logs.
