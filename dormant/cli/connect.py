@@ -17,6 +17,8 @@ from dormant.cli.errors import DATABASE_URL
 from dormant.settings import redact
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from celery import Celery
 
     from dormant.client import Client
@@ -161,40 +163,37 @@ def checked_database_url(url: str) -> str:
 
 def check_database(url: str) -> None:
     """Refuse a SQLite file that does not exist: opening it would create an empty one."""
-    from pathlib import Path
-
-    from sqlalchemy.engine import make_url
-
     from dormant.errors import SchemaMissing
 
-    parsed = make_url(url)
-    path = parsed.database or ""
-    if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
-        return
-    if parsed.query.get("uri") or path.startswith("file:"):
-        return  # SQLite URI filenames (mode=ro...) say themselves what may be created
-    if not Path(path).is_file():
-        raise SchemaMissing(f"there is no SQLite database at {path!r}")
+    path = _sqlite_path(url)
+    if path is not None and not path.is_file():
+        raise SchemaMissing(f"there is no SQLite database at {str(path)!r}")
 
 
 def check_sqlite_directory(url: str) -> None:
     """Refuse a SQLite file whose directory does not exist, naming the directory: SQLite
     itself says only "unable to open database file", which reads as a server down."""
+    from dormant.errors import ConfigurationError
+
+    path = _sqlite_path(url)
+    if path is not None and not path.parent.is_dir():
+        raise ConfigurationError(
+            f"cannot create the SQLite database {str(path)!r}: its directory "
+            f"{str(path.parent)!r} does not exist (create it first)"
+        )
+
+
+def _sqlite_path(url: str) -> Path | None:
+    """The file of a SQLite URL; None for another database, SQLite in memory, or a SQLite
+    URI filename (``mode=ro``...), which says itself what may be created."""
     from pathlib import Path
 
     from sqlalchemy.engine import make_url
 
-    from dormant.errors import ConfigurationError
-
     parsed = make_url(url)
     path = parsed.database or ""
     if parsed.get_backend_name() != "sqlite" or path in ("", ":memory:"):
-        return
+        return None
     if parsed.query.get("uri") or path.startswith("file:"):
-        return
-    directory = Path(path).parent
-    if not directory.is_dir():
-        raise ConfigurationError(
-            f"cannot create the SQLite database {path!r}: its directory {str(directory)!r} "
-            "does not exist (create it first)"
-        )
+        return None
+    return Path(path)
